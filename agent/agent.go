@@ -1,0 +1,204 @@
+// Package agent is ngstone's client: it dials the edge, binds a hostname and
+// serves the edge's streams to a local service.
+//
+// Invariant: the agent acts only on its current session. On any session
+// error it dials anew with decorrelated-jitter backoff and binds with
+// takeover, so it gets its name back as soon as it reaches the edge, while
+// the abandoned session keeps answering the requests it had accepted until
+// DrainTimeout. Bind refusals and an eviction by another instance are final.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// Final errors returned by Run; anything else was retried.
+var (
+	// ErrEvicted: another instance took the hostname while this agent was
+	// unreachable. The agent stops advertising its URL.
+	ErrEvicted = errors.New("agent: hostname taken over by another agent")
+)
+
+// RefusedError is the edge's final refusal of a hello or bind.
+type RefusedError struct {
+	Code    string // a DESIGN.md code: subdomain_taken, invalid_name, reserved_name, unauthorized…
+	Message string // a sentence a person can act on
+}
+
+func (e *RefusedError) Error() string { return e.Code + ": " + e.Message }
+
+// Agent is one `ngstone http` process's tunnel.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	local    *url.URL
+	upstream *http.Transport
+	handler  http.Handler
+
+	mu        sync.Mutex
+	status    Status
+	subdomain string // the name to ask for; set by the first bind when random
+
+	wg sync.WaitGroup // abandoned sessions still draining
+}
+
+// New checks cfg and returns an agent; it does no I/O.
+func New(cfg Config, log *slog.Logger) (*Agent, error) {
+	cfg = cfg.withDefaults()
+	if cfg.InstanceID == "" {
+		cfg.InstanceID = NewInstanceID()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	local, err := ParseLocal(cfg.Local)
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
+	a.upstream, a.handler = a.newUpstream()
+	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
+	return a, nil
+}
+
+// NewInstanceID returns 16 random bytes as 32 hex characters.
+func NewInstanceID() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// InstanceID returns the agent's instance id.
+func (a *Agent) InstanceID() string { return a.cfg.InstanceID }
+
+// Status returns the current status.
+func (a *Agent) Status() Status {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status
+}
+
+func (a *Agent) setStatus(f func(*Status)) {
+	a.mu.Lock()
+	f(&a.status)
+	st := a.status
+	a.mu.Unlock()
+	if a.cfg.OnStatus != nil {
+		a.cfg.OnStatus(st)
+	}
+}
+
+// Run connects and serves until ctx ends (then it unbinds gracefully and
+// returns nil) or a final error: a *RefusedError or ErrEvicted. Before it
+// returns, every session it abandoned has drained.
+func (a *Agent) Run(ctx context.Context) error {
+	tc, err := a.tlsConfig()
+	if err != nil {
+		return err
+	}
+	defer a.upstream.CloseIdleConnections()
+	defer a.wg.Wait()
+	bo := backoff{base: a.cfg.BackoffBase, cap: a.cfg.BackoffCap}
+	for attempt := 0; ; attempt++ {
+		healthy, err := a.runSession(ctx, tc, attempt > 0)
+		if ctx.Err() != nil {
+			a.setStatus(func(s *Status) { s.State, s.Err = StateStopped, nil })
+			return nil
+		}
+		if final := a.finalState(err); final != "" {
+			a.setStatus(func(s *Status) { s.State, s.Err, s.URL, s.URLs = final, err, "", nil })
+			return err
+		}
+		if healthy {
+			bo.reset()
+			attempt = 0
+		}
+		if err := a.wait(ctx, bo.next(), attempt+1, err); err != nil {
+			a.setStatus(func(s *Status) { s.State, s.Err = StateStopped, nil })
+			return nil
+		}
+	}
+}
+
+func (a *Agent) finalState(err error) State {
+	var re *RefusedError
+	switch {
+	case errors.Is(err, ErrEvicted):
+		return StateEvicted
+	case errors.As(err, &re):
+		return StateFailed
+	}
+	return ""
+}
+
+// wait sleeps d before reconnect attempt n, reporting it in the status.
+func (a *Agent) wait(ctx context.Context, d time.Duration, n int, cause error) error {
+	next := time.Now().Add(d)
+	a.setStatus(func(s *Status) {
+		s.State, s.Attempt, s.NextRetry, s.Err = StateReconnecting, n, next, cause
+	})
+	a.log.Info("reconnecting", "attempt", n, "in", d.Round(time.Millisecond), "cause", errString(cause))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+func (a *Agent) tlsConfig() (*tls.Config, error) {
+	host, _, _ := net.SplitHostPort(a.cfg.Edge)
+	tc := &tls.Config{
+		ServerName:         host,
+		NextProtos:         []string{mux.ALPN},
+		MinVersion:         tls.VersionTLS12,
+		InsecureSkipVerify: a.cfg.Insecure,
+		RootCAs:            a.cfg.RootCAs,
+	}
+	if tc.RootCAs == nil && a.cfg.CAFile != "" {
+		pem, err := os.ReadFile(a.cfg.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca-file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca-file %s: no PEM certificate in it", a.cfg.CAFile)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
+}
+
+// label returns the subdomain part of hostname.
+func label(hostname string) string {
+	l, _, _ := strings.Cut(hostname, ".")
+	return l
+}

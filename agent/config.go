@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// Config is everything an agent needs. DefaultConfig gives the documented
+// defaults; the zero value of each field is described on it.
+type Config struct {
+	// Edge is the edge's control address, HOST:PORT. Required.
+	Edge string
+	// Local is the local service: PORT, HOST:PORT or an http(s) URL. Required.
+	Local string
+	// Subdomain is the name to bind; empty asks the edge for a random one.
+	Subdomain string
+	// Token is presented in hello; empty for an open edge.
+	Token string
+	// CAFile is a PEM bundle trusted for the edge's certificate; empty
+	// means the system roots.
+	CAFile string
+	// RootCAs, when set, is trusted instead of CAFile (the embedded edge).
+	RootCAs *x509.CertPool `json:"-"`
+	// Insecure skips verification of the edge's certificate.
+	Insecure bool
+	// UpstreamTimeout bounds the wait for the local service's response
+	// headers (504 upstream_timeout). Zero means 30s.
+	UpstreamTimeout time.Duration
+	// UpstreamDialTimeout bounds a connection to the local service
+	// (502 upstream_unreachable). Zero means 5s.
+	UpstreamDialTimeout time.Duration
+	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout: with no answer to heartbeats for this long the
+	// agent declares its session dead and dials anew. Zero means 45s.
+	HeartbeatTimeout time.Duration
+	// DialTimeout bounds the TCP dial, TLS handshake, hello and bind of one
+	// connection attempt. Zero means 10s.
+	DialTimeout time.Duration
+	// BackoffBase and BackoffCap shape the decorrelated-jitter reconnect
+	// backoff. Zero means 500ms and 30s.
+	BackoffBase, BackoffCap time.Duration
+	// DrainTimeout bounds how long an abandoned session keeps answering
+	// requests it already accepted, and how long a graceful stop waits for
+	// in-flight requests. Zero means 10s.
+	DrainTimeout time.Duration
+	// Mux tunes yamux; zero fields take mux defaults.
+	Mux mux.Config
+	// InstanceID identifies this agent process across reconnects; empty
+	// means New mints one.
+	InstanceID string
+	// OnStatus, when set, is called on every change of status, from the
+	// agent's goroutine; it must not block.
+	OnStatus func(Status) `json:"-"`
+}
+
+// DefaultConfig returns the documented defaults of `ngstone http`.
+func DefaultConfig() Config {
+	return Config{
+		UpstreamTimeout:     30 * time.Second,
+		UpstreamDialTimeout: 5 * time.Second,
+		HeartbeatInterval:   15 * time.Second,
+		HeartbeatTimeout:    45 * time.Second,
+		DialTimeout:         10 * time.Second,
+		BackoffBase:         500 * time.Millisecond,
+		BackoffCap:          30 * time.Second,
+		DrainTimeout:        10 * time.Second,
+		Mux:                 mux.DefaultConfig(),
+	}
+}
+
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	set := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&c.UpstreamTimeout, d.UpstreamTimeout)
+	set(&c.UpstreamDialTimeout, d.UpstreamDialTimeout)
+	set(&c.HeartbeatInterval, d.HeartbeatInterval)
+	set(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	set(&c.DialTimeout, d.DialTimeout)
+	set(&c.BackoffBase, d.BackoffBase)
+	set(&c.BackoffCap, d.BackoffCap)
+	set(&c.DrainTimeout, d.DrainTimeout)
+	return c
+}
+
+// Validate reports the first invalid field, naming it as the CLI flag.
+func (c Config) Validate() error {
+	if c.Edge == "" {
+		return errors.New("edge: required (the edge's control address, HOST:PORT)")
+	}
+	if _, _, err := net.SplitHostPort(c.Edge); err != nil {
+		return fmt.Errorf("edge %q: want HOST:PORT", c.Edge)
+	}
+	if _, err := ParseLocal(c.Local); err != nil {
+		return err
+	}
+	if c.Subdomain != "" {
+		if err := registry.ValidateSubdomain(c.Subdomain, nil); err != nil {
+			return fmt.Errorf("subdomain: %v", err)
+		}
+	}
+	if c.HeartbeatInterval > 0 && c.HeartbeatTimeout > 0 && c.HeartbeatTimeout <= c.HeartbeatInterval {
+		return fmt.Errorf("heartbeat-timeout %s: must be longer than heartbeat-interval %s", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	if c.InstanceID != "" && len(c.InstanceID) != 32 {
+		return fmt.Errorf("instance id %q: want 32 hex characters", c.InstanceID)
+	}
+	return nil
+}
+
+// ParseLocal turns PORT, HOST:PORT or a URL into the local service's URL.
+func ParseLocal(s string) (*url.URL, error) {
+	if s == "" {
+		return nil, errors.New("local address: required (PORT, HOST:PORT or URL)")
+	}
+	if p, err := strconv.Atoi(s); err == nil {
+		if p < 1 || p > 65535 {
+			return nil, fmt.Errorf("local port %d: want 1 to 65535", p)
+		}
+		return &url.URL{Scheme: "http", Host: "localhost:" + s}, nil
+	}
+	if !strings.Contains(s, "://") {
+		if _, _, err := net.SplitHostPort(s); err != nil {
+			return nil, fmt.Errorf("local address %q: want PORT, HOST:PORT or URL", s)
+		}
+		return &url.URL{Scheme: "http", Host: s}, nil
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("local URL %q: want http://HOST[:PORT] or https://HOST[:PORT]", s)
+	}
+	return u, nil
+}

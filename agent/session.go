@@ -1,0 +1,303 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// Errors that end a session and are retried.
+var (
+	errHeartbeatTimeout = errors.New("agent: the edge did not answer heartbeats in time")
+	errGoAway           = errors.New("agent: the edge is shutting down")
+	errSessionClosed    = errors.New("agent: session closed")
+)
+
+// conn is one live session: the yamux session, its control stream and the
+// HTTP server answering the edge's streams.
+type conn struct {
+	a        *Agent
+	ys       *yamux.Session
+	ctrl     net.Conn
+	srv      *http.Server
+	id       uint64
+	hostname string
+
+	writeMu sync.Mutex
+	lastAck atomic.Int64 // unix nanoseconds of the last heartbeat answer
+
+	events  chan error    // first session-ending event from the reader
+	unbound chan struct{} // closed when the edge confirms the unbind
+	once    sync.Once
+	streams mux.Tracker // exchanges in flight, for the drain
+}
+
+// runSession dials, binds and serves one session. healthy reports whether it
+// got as far as a binding.
+func (a *Agent) runSession(ctx context.Context, tc *tls.Config, takeover bool) (healthy bool, err error) {
+	c, err := a.connect(ctx, tc, takeover)
+	if err != nil {
+		a.log.Info("connect failed", "edge", a.cfg.Edge, "err", err)
+		return false, err
+	}
+	err = c.run(ctx)
+	if ctx.Err() != nil {
+		a.stopGracefully(c)
+		return true, nil
+	}
+	a.log.Warn("session ended", "session", c.id, "err", err)
+	a.abandon(c)
+	return true, err
+}
+
+// connect dials the edge and runs hello and bind, all within DialTimeout.
+func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*conn, error) {
+	a.setStatus(func(s *Status) {
+		if s.State != StateReconnecting {
+			s.State = StateConnecting
+		}
+	})
+	deadline := time.Now().Add(a.cfg.DialTimeout)
+	dctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	d := tls.Dialer{NetDialer: &net.Dialer{KeepAlive: 15 * time.Second}, Config: tc}
+	nc, err := d.DialContext(dctx, "tcp", a.cfg.Edge)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
+	}
+	yc, err := a.cfg.Mux.Yamux(nil)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	ys, err := yamux.Client(nc, yc)
+	if err != nil {
+		nc.Close()
+		return nil, fmt.Errorf("yamux: %w", err)
+	}
+	c := &conn{a: a, ys: ys, events: make(chan error, 1), unbound: make(chan struct{})}
+	if err := c.handshake(deadline, takeover); err != nil {
+		ys.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *conn) handshake(deadline time.Time, takeover bool) error {
+	a := c.a
+	ctrl, err := c.ys.OpenStream()
+	if err != nil {
+		return fmt.Errorf("open control stream: %w", err)
+	}
+	c.ctrl = ctrl
+	ctrl.SetDeadline(deadline)
+	defer ctrl.SetDeadline(time.Time{})
+	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: a.cfg.InstanceID, Token: a.cfg.Token, Agent: "ngstone"}); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	msg, err := mux.Read(ctrl)
+	if err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	switch m := msg.(type) {
+	case *mux.HelloOK:
+		c.id = m.SessionID
+	case *mux.Error:
+		if m.Code == mux.CodeShuttingDown {
+			return fmt.Errorf("hello: %s", m.Message)
+		}
+		return &RefusedError{Code: m.Code, Message: m.Message}
+	default:
+		return fmt.Errorf("hello: unexpected %s", msg.MessageType())
+	}
+	return c.bind(takeover)
+}
+
+func (c *conn) bind(takeover bool) error {
+	a := c.a
+	a.mu.Lock()
+	name := a.subdomain
+	a.mu.Unlock()
+	if err := mux.Write(c.ctrl, &mux.Bind{Subdomain: name, Takeover: takeover}); err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	msg, err := mux.Read(c.ctrl)
+	if err != nil {
+		return fmt.Errorf("bind: %w", err)
+	}
+	switch m := msg.(type) {
+	case *mux.BindOK:
+		c.hostname = m.Hostname
+		a.mu.Lock()
+		a.subdomain = label(m.Hostname)
+		a.mu.Unlock()
+		a.setStatus(func(s *Status) {
+			s.State, s.Hostname, s.URL, s.URLs = StateOnline, m.Hostname, m.URL, m.URLs
+			s.Generation, s.SessionID, s.Attempt, s.NextRetry, s.Err = m.Generation, c.id, 0, time.Time{}, nil
+		})
+		a.log.Info("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
+		return nil
+	case *mux.BindError:
+		if m.Code == mux.CodeShuttingDown {
+			return fmt.Errorf("bind: %s", m.Message)
+		}
+		return &RefusedError{Code: m.Code, Message: m.Message}
+	}
+	return fmt.Errorf("bind: unexpected %s", msg.MessageType())
+}
+
+// run serves the session until ctx ends or the session ends.
+func (c *conn) run(ctx context.Context) error {
+	a := c.a
+	c.lastAck.Store(time.Now().UnixNano())
+	c.srv = a.newServer(c)
+	a.wg.Add(2)
+	go func() {
+		defer a.wg.Done()
+		c.srv.Serve(streamListener{c.ys})
+	}()
+	go func() {
+		defer a.wg.Done()
+		c.readControl()
+	}()
+	return c.heartbeat(ctx)
+}
+
+// heartbeat sends heartbeats and watches their answers until the session
+// ends. The check runs more often than the heartbeat so a dead path is seen
+// within a fraction of HeartbeatTimeout after it expires.
+func (c *conn) heartbeat(ctx context.Context) error {
+	a := c.a
+	send := time.NewTicker(a.cfg.HeartbeatInterval)
+	defer send.Stop()
+	check := time.NewTicker(max(a.cfg.HeartbeatTimeout/10, time.Millisecond))
+	defer check.Stop()
+	var seq uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-c.events:
+			return err
+		case <-c.ys.CloseChan():
+			return errSessionClosed
+		case <-send.C:
+			seq++
+			if err := c.send(&mux.Heartbeat{Seq: seq}, a.cfg.HeartbeatInterval); err != nil {
+				return fmt.Errorf("heartbeat: %w", err)
+			}
+		case now := <-check.C:
+			if now.Sub(time.Unix(0, c.lastAck.Load())) > a.cfg.HeartbeatTimeout {
+				return errHeartbeatTimeout
+			}
+		}
+	}
+}
+
+// readControl handles the edge's control messages. Its events reach run only
+// while this session is current: once abandoned, nobody reads c.events.
+func (c *conn) readControl() {
+	for {
+		msg, err := mux.Read(c.ctrl)
+		if err != nil {
+			c.event(fmt.Errorf("control stream: %w", err))
+			return
+		}
+		switch m := msg.(type) {
+		case *mux.HeartbeatAck:
+			c.lastAck.Store(time.Now().UnixNano())
+		case *mux.Evicted:
+			if m.Hostname == c.hostname {
+				c.a.log.Warn("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
+				c.event(ErrEvicted)
+			}
+		case *mux.GoAway:
+			c.event(errGoAway)
+		case *mux.Unbound:
+			c.once.Do(func() { close(c.unbound) })
+		}
+	}
+}
+
+func (c *conn) event(err error) {
+	select {
+	case c.events <- err:
+	default:
+	}
+}
+
+func (c *conn) send(m mux.Message, timeout time.Duration) error {
+	c.writeMu.Lock()
+	defer c.writeMu.Unlock()
+	c.ctrl.SetWriteDeadline(time.Now().Add(timeout))
+	defer c.ctrl.SetWriteDeadline(time.Time{})
+	return mux.Write(c.ctrl, m)
+}
+
+// stopGracefully unbinds (the edge stops routing at once), lets in-flight
+// requests finish within DrainTimeout, then closes the session.
+func (a *Agent) stopGracefully(c *conn) {
+	a.log.Info("stopping: unbinding", "hostname", c.hostname)
+	if err := c.send(&mux.Unbind{Hostname: c.hostname}, a.cfg.DialTimeout); err == nil {
+		t := time.NewTimer(a.cfg.DialTimeout)
+		select {
+		case <-c.unbound:
+		case <-c.ys.CloseChan():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	c.drain()
+}
+
+// abandon leaves a broken or evicted session to finish its accepted requests
+// in the background, then closes it.
+func (a *Agent) abandon(c *conn) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		c.drain()
+	}()
+}
+
+// drain waits until the session's exchanges are done or DrainTimeout has
+// passed, then closes the session. The HTTP server keeps accepting until
+// then, so a request the edge routes here before it learns of a takeover is
+// still answered.
+func (c *conn) drain() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.a.cfg.DrainTimeout)
+	defer cancel()
+	c.streams.Wait(ctx, c.ys.CloseChan())
+	// Close the session first: it ends Accept, which Server.Close waits for.
+	c.ys.Close()
+	c.srv.Close()
+}
+
+// connState counts exchanges: a stream is one exchange, from accept to close.
+// A hijacked stream (an upgrade) is no longer drained.
+func (c *conn) connState(_ net.Conn, st http.ConnState) {
+	switch st {
+	case http.StateNew:
+		c.streams.Add()
+	case http.StateClosed, http.StateHijacked:
+		c.streams.Done()
+	}
+}
+
+// streamListener hands the edge's streams to an http.Server. Its Close does
+// not close the session; closing the session after the drain ends Accept.
+type streamListener struct{ ys *yamux.Session }
+
+func (l streamListener) Accept() (net.Conn, error) { return l.ys.Accept() }
+func (l streamListener) Close() error              { return nil }
+func (l streamListener) Addr() net.Addr            { return l.ys.Addr() }

@@ -1,0 +1,78 @@
+package agent
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// newUpstream builds the proxy from the edge's streams to the local service.
+// Connections to the local service are kept alive and pooled: a request
+// costs a new stream, never a new local TCP connection.
+func (a *Agent) newUpstream() (*http.Transport, http.Handler) {
+	t := &http.Transport{
+		Proxy:                 nil,
+		DialContext:           (&net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		ResponseHeaderTimeout: a.cfg.UpstreamTimeout,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		WriteBufferSize:       32 << 10,
+		ReadBufferSize:        32 << 10,
+	}
+	local := a.local
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(local)
+			// The edge set X-Forwarded-* from what it saw; keep them.
+			// Rewrite has removed them from Out, so copy them back.
+			for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+				if v, ok := pr.In.Header[h]; ok {
+					pr.Out.Header[h] = v
+				}
+			}
+			// Pass the visitor's Host through, as ngrok does.
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:    t,
+		BufferPool:   mux.BufferPool{},
+		ErrorHandler: a.upstreamError,
+	}
+	return t, rp
+}
+
+// upstreamError maps a failed exchange with the local service to the
+// visitor error codes.
+func (a *Agent) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	var ne net.Error
+	var op *net.OpError
+	code := mux.CodeUpstreamUnreachable
+	switch {
+	case r.Context().Err() != nil:
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	case errors.As(err, &op) && op.Op == "dial":
+		code = mux.CodeUpstreamUnreachable
+	case errors.As(err, &ne) && ne.Timeout():
+		code = mux.CodeUpstreamTimeout
+	}
+	a.log.Debug("local service request failed", "code", code, "local", a.local.String(), "err", err)
+	mux.WriteVisitorError(w, code, r.Host)
+}
+
+// newServer answers the edge's streams: one HTTP/1.1 exchange each.
+func (a *Agent) newServer(c *conn) *http.Server {
+	return &http.Server{
+		Handler:           a.handler,
+		ConnState:         c.connState,
+		ReadHeaderTimeout: a.cfg.DialTimeout,
+		ErrorLog:          slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+	}
+}

@@ -1,0 +1,251 @@
+package certs
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// acmeConfig is a certmagic-mode Config against p, resolving with d.
+func acmeConfig(t *testing.T, p *pebbleCA, d *testDNS) Config {
+	return Config{
+		Mode:         ModeCertmagic,
+		Domain:       testDomain,
+		DataDir:      t.TempDir(),
+		ACMECA:       p.dirURL,
+		ACMECARoot:   p.rootFile,
+		ACMEEmail:    "ops@" + testDomain,
+		DNSResolvers: []string{d.addr},
+	}
+}
+
+func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error) {
+	t.Helper()
+	m, err := New(cfg, testLogger(t), policy)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	return m, m.Start(ctx)
+}
+
+// TestCertmagicWildcardDNS01 obtains *.DOMAIN and DOMAIN from pebble through
+// DNS-01 (rfc2136 updates to a DNS server that pebble then queries), and a
+// visitor trusting only pebble's root gets a response from app.DOMAIN.
+func TestCertmagicWildcardDNS01(t *testing.T) {
+	t.Parallel()
+	d := startDNS(t)
+	p := startPebble(t, 0, 0, d.addr)
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSRFC2136
+	cfg.DNSCredentials = d.rfc2136Creds()
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+
+	for _, host := range []string{"app." + testDomain, testDomain} {
+		body, leaf, err := get(t, p.roots, ln.Addr().String(), host)
+		if err != nil {
+			t.Fatalf("GET https://%s/: %v", host, err)
+		}
+		if want := "hello " + host; body != want {
+			t.Errorf("body = %q, want %q", body, want)
+		}
+		if err := leaf.VerifyHostname(host); err != nil {
+			t.Errorf("leaf for %s: %v", host, err)
+		}
+	}
+	na := m.NotAfter()
+	for _, name := range []string{"*." + testDomain, testDomain} {
+		if na[name].Before(time.Now()) {
+			t.Errorf("NotAfter()[%q] = %v, want a future time (map %v)", name, na[name], na)
+		}
+	}
+}
+
+// TestCertmagicCloudflare obtains the wildcard through the cloudflare
+// provider, against a fake of the Cloudflare API that writes into the DNS
+// server pebble queries; the token comes from a *_FILE variable.
+func TestCertmagicCloudflare(t *testing.T) {
+	t.Parallel()
+	d := startDNS(t)
+	p := startPebble(t, 0, 0, d.addr)
+	api := startFakeCloudflare(t, d, "good-token")
+	tokenFile := writeTemp(t, "token", "good-token\n")
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSCloudflare
+	cfg.DNSCredentials = map[string]string{"base_url": api.URL}
+	cfg.getenv = fakeEnv(map[string]string{"CLOUDFLARE_API_TOKEN_FILE": tokenFile})
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	if _, _, err := get(t, p.roots, ln.Addr().String(), "app."+testDomain); err != nil {
+		t.Fatalf("GET: %v", err)
+	}
+}
+
+// TestCertmagicBadTokenStopsStart: a DNS token the provider refuses makes
+// Start fail, naming the mode and the provider.
+func TestCertmagicBadTokenStopsStart(t *testing.T) {
+	t.Parallel()
+	d := startDNS(t)
+	p := startPebble(t, 0, 0, d.addr)
+	api := startFakeCloudflare(t, d, "good-token")
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSCloudflare
+	cfg.DNSCredentials = map[string]string{"base_url": api.URL, "api_token": "wrong"}
+	_, err := startManager(t, cfg, nil)
+	if err == nil {
+		t.Fatal("Start succeeded with a wrong token")
+	}
+	for _, want := range []string{"tls-mode certmagic", "dns-provider cloudflare", "Authentication error"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
+	}
+}
+
+// TestCertmagicOnDemand issues a certificate at the first handshake of a
+// bound hostname, and refuses one the policy refuses and one outside DOMAIN.
+func TestCertmagicOnDemand(t *testing.T) {
+	t.Parallel()
+	d := startDNS(t)
+	p := startPebble(t, 0, 0, d.addr)
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSRFC2136
+	cfg.DNSCredentials = d.rfc2136Creds()
+	cfg.OnDemand = true
+	bound := "app." + testDomain
+	m, err := startManager(t, cfg, allowOnly(bound))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+
+	_, leaf, err := get(t, p.roots, ln.Addr().String(), bound)
+	if err != nil {
+		t.Fatalf("GET bound host: %v", err)
+	}
+	if !slices.Equal(leaf.DNSNames, []string{bound}) {
+		t.Errorf("on-demand leaf names = %v, want [%s]", leaf.DNSNames, bound)
+	}
+	for _, host := range []string{"unbound." + testDomain, "elsewhere.example"} {
+		if _, _, err := get(t, p.roots, ln.Addr().String(), host); err == nil {
+			t.Errorf("GET %s succeeded; want a refused handshake", host)
+		}
+	}
+	if _, ok := m.NotAfter()[bound]; !ok {
+		t.Errorf("NotAfter() = %v, want an entry for %s", m.NotAfter(), bound)
+	}
+}
+
+// TestOnDemandRateLimit: past the limit, an allowed hostname is refused.
+func TestOnDemandRateLimit(t *testing.T) {
+	cfg := Config{Mode: ModeCertmagic, Domain: testDomain, OnDemand: true, OnDemandRateLimit: 1, OnDemandRateWindow: time.Hour}
+	m, err := New(cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := m.p.(*certmagicMode)
+	ctx := context.Background()
+	if err := c.decide(ctx, "a."+testDomain); err != nil {
+		t.Fatalf("first: %v", err)
+	}
+	if err := c.decide(ctx, "b."+testDomain); !errors.Is(err, ErrRateLimited) {
+		t.Fatalf("second: %v, want ErrRateLimited", err)
+	}
+	if err := c.decide(ctx, "a.other.example"); !errors.Is(err, ErrHostNotAllowed) {
+		t.Fatalf("outside domain: %v, want ErrHostNotAllowed", err)
+	}
+}
+
+func TestSlidingWindow(t *testing.T) {
+	w := newSlidingWindow(2, time.Minute)
+	t0 := time.Unix(1000, 0)
+	steps := []struct {
+		at   time.Duration
+		want bool
+	}{{0, true}, {time.Second, true}, {2 * time.Second, false}, {time.Minute, true}, {time.Minute + time.Second, true}, {time.Minute + 2*time.Second, false}}
+	for _, s := range steps {
+		if got := w.allow(t0.Add(s.at)); got != s.want {
+			t.Errorf("allow(+%v) = %v, want %v", s.at, got, s.want)
+		}
+	}
+}
+
+// startFakeCloudflare fakes the part of the Cloudflare API v4 the provider
+// uses, for one zone, accepting only token; records go into d.
+func startFakeCloudflare(t *testing.T, d *testDNS, token string) *httptest.Server {
+	var mu sync.Mutex
+	records := map[string]cfRecord{}
+	reply := func(w http.ResponseWriter, code int, result any) {
+		w.WriteHeader(code)
+		resp := map[string]any{"success": code < 300, "errors": []cfError{}, "result": result}
+		if code >= 300 {
+			resp["errors"] = []cfError{{Code: 10000, Message: "Authentication error"}}
+		}
+		_ = json.NewEncoder(w).Encode(resp)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /zones", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, 200, []map[string]string{{"id": "z1", "name": r.URL.Query().Get("name")}})
+	})
+	mux.HandleFunc("POST /zones/z1/dns_records", func(w http.ResponseWriter, r *http.Request) {
+		var rec cfRecord
+		_ = json.NewDecoder(r.Body).Decode(&rec)
+		mu.Lock()
+		rec.ID = rec.Content[:8]
+		records[rec.ID] = rec
+		mu.Unlock()
+		d.mu.Lock()
+		d.txt[rec.Name+"."] = append(d.txt[rec.Name+"."], rec.Content)
+		d.mu.Unlock()
+		reply(w, 200, rec)
+	})
+	mux.HandleFunc("GET /zones/z1/dns_records", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		defer mu.Unlock()
+		var out []cfRecord
+		for _, rec := range records {
+			if rec.Name == r.URL.Query().Get("name") && rec.Content == r.URL.Query().Get("content") {
+				out = append(out, rec)
+			}
+		}
+		reply(w, 200, out)
+	})
+	mux.HandleFunc("DELETE /zones/z1/dns_records/{id}", func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		rec := records[r.PathValue("id")]
+		delete(records, r.PathValue("id"))
+		mu.Unlock()
+		d.mu.Lock()
+		d.txt[rec.Name+"."] = without(d.txt[rec.Name+"."], rec.Content)
+		d.mu.Unlock()
+		reply(w, 200, map[string]string{"id": rec.ID})
+	})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+token {
+			reply(w, http.StatusForbidden, nil)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv
+}

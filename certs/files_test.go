@@ -1,0 +1,196 @@
+package certs
+
+import (
+	"bufio"
+	"crypto"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+)
+
+// testPKI is a CA that issues leaves for files mode.
+type testPKI struct {
+	ca    *x509.Certificate
+	key   crypto.Signer
+	n     int // pairs written
+	roots *x509.CertPool
+	dir   string
+}
+
+func newTestPKI(t *testing.T) *testPKI {
+	t.Helper()
+	dir := t.TempDir()
+	ca, key, err := createCA(filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	return &testPKI{ca: ca, key: key, roots: roots, dir: dir}
+}
+
+// writePair issues a leaf for domain and writes it to cert.pem and key.pem,
+// returning its serial number.
+func (p *testPKI) writePair(t *testing.T, domain string) string {
+	t.Helper()
+	leaf, err := issueLeaf(p.ca, p.key, domain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(leaf.PrivateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: leaf.Certificate[0]})
+	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
+	// Write the key first, then the cert; both through rename, as an
+	// operator's tooling would.
+	for _, f := range []struct {
+		name string
+		data []byte
+	}{{"key.pem", keyPEM}, {"cert.pem", certPEM}} {
+		path := filepath.Join(p.dir, f.name)
+		if err := os.WriteFile(path+".tmp", f.data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(path+".tmp", path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Coarse file systems may keep the old mtime; push it forward.
+	p.n++
+	future := time.Now().Add(time.Duration(p.n) * time.Second)
+	for _, n := range []string{"key.pem", "cert.pem"} {
+		_ = os.Chtimes(filepath.Join(p.dir, n), future, future)
+	}
+	return leaf.Leaf.SerialNumber.String()
+}
+
+// servedSerial makes a fresh TLS handshake and returns the leaf's serial.
+func servedSerial(t *testing.T, addr string, roots *x509.CertPool) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "app." + testDomain})
+	if err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// keepAlive is one open HTTPS connection used for several requests.
+type keepAlive struct {
+	conn *tls.Conn
+	r    *bufio.Reader
+}
+
+func dialKeepAlive(t *testing.T, addr string, roots *x509.CertPool) *keepAlive {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "app." + testDomain, NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &keepAlive{conn: conn, r: bufio.NewReader(conn)}
+}
+
+func (k *keepAlive) get(t *testing.T) {
+	t.Helper()
+	_ = k.conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(k.conn, "GET / HTTP/1.1\r\nHost: app.%s\r\n\r\n", testDomain)
+	resp, err := http.ReadResponse(k.r, nil)
+	if err != nil {
+		t.Fatalf("request on the old connection: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+}
+
+// TestFilesPicksUpReplacedCertificate: polling sees a replaced pair and
+// serves it to new handshakes, while a connection opened before keeps
+// working.
+func TestFilesPicksUpReplacedCertificate(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	first := pki.writePair(t, testDomain)
+	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFile: filepath.Join(pki.dir, "cert.pem"),
+		KeyFile: filepath.Join(pki.dir, "key.pem"), ReloadInterval: 10 * time.Millisecond}
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	addr := ln.Addr().String()
+	if got := servedSerial(t, addr, pki.roots); got != first {
+		t.Fatalf("serving %s, want %s", got, first)
+	}
+	old := dialKeepAlive(t, addr, pki.roots)
+	old.get(t)
+
+	second := pki.writePair(t, testDomain)
+	waitFor(t, 5*time.Second, "the replaced certificate to be served", func() bool {
+		return servedSerial(t, addr, pki.roots) == second
+	})
+	old.get(t)
+	if na := m.NotAfter()[testDomain]; na.Before(time.Now()) {
+		t.Errorf("NotAfter = %v", m.NotAfter())
+	}
+}
+
+// TestFilesReload: with polling off, Reload (SIGHUP) swaps the pair at
+// once; a broken pair is refused and the old one kept.
+func TestFilesReload(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	first := pki.writePair(t, testDomain)
+	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFile: filepath.Join(pki.dir, "cert.pem"),
+		KeyFile: filepath.Join(pki.dir, "key.pem"), ReloadInterval: -1}
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	addr := ln.Addr().String()
+
+	second := pki.writePair(t, testDomain)
+	if got := servedSerial(t, addr, pki.roots); got != first {
+		t.Fatalf("serving %s before Reload, want %s", got, first)
+	}
+	if err := m.Reload(); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if got := servedSerial(t, addr, pki.roots); got != second {
+		t.Fatalf("serving %s after Reload, want %s", got, second)
+	}
+
+	if err := os.WriteFile(cfg.KeyFile, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Reload(); err == nil {
+		t.Fatal("Reload of a broken key succeeded")
+	}
+	if got := servedSerial(t, addr, pki.roots); got != second {
+		t.Fatalf("serving %s after a failed Reload, want the old %s", got, second)
+	}
+}
+
+// waitFor polls cond until it holds or the deadline passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,223 @@
+package certs
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// CA file names under the data directory.
+const (
+	CAFile    = "ca.pem"
+	CAKeyFile = "ca-key.pem"
+)
+
+type selfSigned struct {
+	cfg   Config
+	log   *slog.Logger
+	leaf  *tls.Certificate
+	ca    *x509.Certificate
+	caKey crypto.Signer
+
+	mu     sync.Mutex
+	byHost map[string]*tls.Certificate
+}
+
+// maxHostLeaves bounds the per-host leaf cache; past it the cache starts over.
+const maxHostLeaves = 4096
+
+func (s *selfSigned) start(context.Context) error {
+	ca, key, err := loadOrCreateCA(s.cfg.DataDir, s.log)
+	if err != nil {
+		return err
+	}
+	leaf, err := issueLeaf(ca, key, s.cfg.Domain)
+	if err != nil {
+		return fmt.Errorf("issue leaf for %s: %w", s.cfg.Domain, err)
+	}
+	s.leaf, s.ca, s.caKey = leaf, ca, key
+	s.byHost = make(map[string]*tls.Certificate)
+	return nil
+}
+
+// getCertificate serves the shared leaf, except for a single-label host
+// under the domain, which gets a leaf of its own: clients refuse a wildcard
+// directly under a top-level name such as *.localhost.
+func (s *selfSigned) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if s.leaf == nil {
+		return nil, errNotStarted
+	}
+	name := strings.TrimSuffix(strings.ToLower(hello.ServerName), ".")
+	label, ok := strings.CutSuffix(name, "."+s.cfg.Domain)
+	if !ok || label == "" || strings.Contains(label, ".") {
+		return s.leaf, nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.byHost[name]; c != nil {
+		return c, nil
+	}
+	c, err := issueLeaf(s.ca, s.caKey, name)
+	if err != nil {
+		return nil, fmt.Errorf("issue leaf for %s: %w", name, err)
+	}
+	if len(s.byHost) >= maxHostLeaves {
+		clear(s.byHost)
+	}
+	s.byHost[name] = c
+	return c, nil
+}
+
+func (s *selfSigned) notAfter() map[string]time.Time { return leafNotAfter(s.leaf) }
+
+// leafNotAfter keys c's expiry by its first name; empty for no certificate.
+func leafNotAfter(c *tls.Certificate) map[string]time.Time {
+	out := map[string]time.Time{}
+	if c == nil || c.Leaf == nil {
+		return out
+	}
+	name := c.Leaf.Subject.CommonName
+	if len(c.Leaf.DNSNames) > 0 {
+		name = c.Leaf.DNSNames[0]
+	}
+	out[name] = c.Leaf.NotAfter
+	return out
+}
+
+func (s *selfSigned) reload() error { return nil }
+func (s *selfSigned) close() error  { return nil }
+
+// loadOrCreateCA returns the CA under dir, creating it on first use. The CA
+// persists so that agents keep trusting the edge across restarts.
+func loadOrCreateCA(dir string, log *slog.Logger) (*x509.Certificate, crypto.Signer, error) {
+	certPath, keyPath := filepath.Join(dir, CAFile), filepath.Join(dir, CAKeyFile)
+	pair, err := tls.LoadX509KeyPair(certPath, keyPath)
+	if err == nil {
+		signer, ok := pair.PrivateKey.(crypto.Signer)
+		if !ok {
+			return nil, nil, fmt.Errorf("data-dir %s: %s holds no signing key", dir, CAKeyFile)
+		}
+		return pair.Leaf, signer, nil
+	}
+	if !errors.Is(err, os.ErrNotExist) {
+		return nil, nil, fmt.Errorf("data-dir %s: load CA: %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("data-dir %s: %w", dir, err)
+	}
+	ca, key, err := createCA(certPath, keyPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("data-dir %s: create CA: %w", dir, err)
+	}
+	log.Info("created self-signed CA; give it to agents with --ca-file", "ca_file", certPath)
+	return ca, key, nil
+}
+
+func createCA(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          randomSerial(),
+		Subject:               pkix.Name{CommonName: "ngstone self-signed CA", Organization: []string{"ngstone"}},
+		NotBefore:             time.Now().Add(-time.Hour),
+		NotAfter:              time.Now().AddDate(10, 0, 0),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(keyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
+		return nil, nil, err
+	}
+	if err := writePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
+		return nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	return ca, key, err
+}
+
+func issueLeaf(ca *x509.Certificate, caKey crypto.Signer, domain string) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	dns := []string{domain, "*." + domain}
+	if domain != "localhost" {
+		dns = append(dns, "localhost", "*.localhost")
+	} else {
+		dns = append(dns, "*.localhost")
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: randomSerial(),
+		Subject:      pkix.Name{CommonName: domain, Organization: []string{"ngstone"}},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().AddDate(1, 0, 0),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:     uniq(dns),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1), net.IPv6loopback},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, err
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, err
+	}
+	return &tls.Certificate{Certificate: [][]byte{der, ca.Raw}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+func uniq(s []string) []string {
+	seen := map[string]bool{}
+	out := s[:0]
+	for _, v := range s {
+		if !seen[v] {
+			seen[v] = true
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+func randomSerial() *big.Int {
+	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		panic(err) // crypto/rand never fails on supported platforms
+	}
+	return n
+}
+
+func writePEM(path, typ string, der []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}

@@ -1,0 +1,92 @@
+package certs
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// TestSelfSigned: ca.pem is written, the leaf covers DOMAIN, *.DOMAIN,
+// localhost, 127.0.0.1 and ::1 (checked by real handshakes trusting only
+// ca.pem), and a restart reuses the CA.
+func TestSelfSigned(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	cfg := Config{Mode: ModeSelfSigned, Domain: testDomain, DataDir: dir}
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		t.Fatalf("ca.pem: %v", err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("ca.pem holds no certificate")
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	for _, name := range []string{testDomain, "app." + testDomain, "localhost", "127.0.0.1", "::1"} {
+		conn, err := tls.Dial("tcp", ln.Addr().String(), &tls.Config{RootCAs: roots, ServerName: name})
+		if err != nil {
+			t.Errorf("handshake for %s: %v", name, err)
+			continue
+		}
+		conn.Close()
+	}
+	if ln6, err := net.Listen("tcp", "[::1]:0"); err == nil {
+		serveTLS(t, ln6, m)
+		if _, _, err := get(t, roots, ln6.Addr().String(), "app."+testDomain); err != nil {
+			t.Errorf("over ::1: %v", err)
+		}
+	}
+	if na := m.NotAfter()[testDomain]; na.IsZero() {
+		t.Errorf("NotAfter = %v", m.NotAfter())
+	}
+
+	m2, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatalf("restart: %v", err)
+	}
+	again, _ := os.ReadFile(filepath.Join(dir, CAFile))
+	if !bytes.Equal(caPEM, again) {
+		t.Fatal("restart replaced ca.pem")
+	}
+	leaf, err := m2.p.getCertificate(&tls.ClientHelloInfo{ServerName: testDomain})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "app." + testDomain}); err != nil {
+		t.Errorf("leaf after restart does not chain to the first CA: %v", err)
+	}
+}
+
+// TestCloseBeforeStart: Close works on a Manager that never started (or
+// failed to), and twice.
+func TestCloseBeforeStart(t *testing.T) {
+	for _, cfg := range []Config{
+		{Mode: ModeSelfSigned, Domain: testDomain},
+		{Mode: ModeFiles, Domain: testDomain, CertFile: "c", KeyFile: "k"},
+		{Mode: ModeAutocert, Domain: testDomain},
+		{Mode: ModeCertmagic, Domain: testDomain, OnDemand: true},
+	} {
+		m, err := New(cfg, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := m.TLSConfig().GetCertificate(&tls.ClientHelloInfo{ServerName: testDomain}); err == nil {
+			t.Errorf("%s: handshake before Start succeeded", cfg.Mode)
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("%s: Close: %v", cfg.Mode, err)
+		}
+		if err := m.Close(); err != nil {
+			t.Errorf("%s: second Close: %v", cfg.Mode, err)
+		}
+	}
+}

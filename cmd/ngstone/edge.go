@@ -1,0 +1,60 @@
+package main
+
+import (
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"github.com/ngstone/ngstone/config"
+	"github.com/ngstone/ngstone/edge"
+)
+
+func newEdgeCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "edge --domain DOMAIN",
+		Short: "Run the public edge server",
+		Long: `Run the public edge server: visitors reach NAME.DOMAIN over HTTP(S), agents
+connect to --control-addr over TLS.
+
+Every flag is also an environment variable (NGSTONE_ + the flag in upper case,
+'-' as '_', e.g. NGSTONE_DRAIN_TIMEOUT) and a key of the YAML --config file.
+Precedence: flags, environment, file, defaults.`,
+		Args: cobra.NoArgs,
+	}
+	loader := config.NewEdge(cmd.Flags())
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		cfg, lc, err := loader.Load()
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		log := newLogger(lc, os.Stderr)
+		e, err := edge.New(cfg, log)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		stopHUP := reloadOnHUP(e)
+		defer stopHUP()
+		return withCode(exitError, e.Run(cmd.Context()))
+	}
+	return cmd
+}
+
+// reloadOnHUP reloads file certificates on SIGHUP until the returned stop.
+func reloadOnHUP(e *edge.Edge) func() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-ch:
+				e.ReloadCertificates()
+			case <-done:
+				return
+			}
+		}
+	}()
+	return func() { signal.Stop(ch); close(done) }
+}

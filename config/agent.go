@@ -1,0 +1,72 @@
+package config
+
+import (
+	"fmt"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ngstone/ngstone/agent"
+)
+
+// Agent loads `ngstone http` settings.
+type Agent struct{ l *loader }
+
+// NewAgent registers the agent's flags on fs.
+func NewAgent(fs *pflag.FlagSet) *Agent {
+	d := agent.DefaultConfig()
+	fs.String("edge", "", "edge control address HOST:PORT (default: start an embedded edge for *.localhost)")
+	fs.String("subdomain", "", "subdomain to bind (default: a random name chosen by the edge)")
+	fs.String("authtoken", "", "token presented to the edge")
+	fs.String("ca-file", "", "PEM file of the CA to trust for the edge (the edge's DATA_DIR/ca.pem in self-signed mode)")
+	fs.Bool("insecure", false, "do not verify the edge's certificate")
+	fs.Duration("upstream-timeout", d.UpstreamTimeout, "how long the local service may take to send response headers (504 upstream_timeout)")
+	fs.Duration("heartbeat-interval", d.HeartbeatInterval, "how often to heartbeat the edge")
+	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "reconnect when the edge has not answered heartbeats for this long")
+	fs.Duration("dial-timeout", d.DialTimeout, "bound on dialing the edge, TLS handshake, hello and bind")
+	fs.Duration("drain-timeout", d.DrainTimeout, "how long requests in flight may finish on a closing session")
+	return &Agent{l: newLoader(fs)}
+}
+
+// Load reads flags, environment and file into an agent.Config. local is the
+// positional PORT | HOST:PORT | URL (empty to take the file's "local" key is
+// not supported: the local address is always an argument).
+func (c *Agent) Load(local string) (agent.Config, Log, error) {
+	l := c.l
+	if err := l.bind(); err != nil {
+		return agent.Config{}, Log{}, err
+	}
+	lg, err := l.log()
+	if err != nil {
+		return agent.Config{}, lg, err
+	}
+	var e errs
+	cfg := agent.DefaultConfig()
+	cfg.Local = local
+	cfg.Edge = l.string("edge")
+	cfg.Subdomain = l.string("subdomain")
+	token, err := l.secret("authtoken")
+	e.set(err)
+	cfg.Token = token
+	cfg.CAFile = l.string("ca-file")
+	cfg.Insecure = e.boolean(l, "insecure")
+	cfg.UpstreamTimeout = e.dur(l, "upstream-timeout")
+	cfg.HeartbeatInterval = e.dur(l, "heartbeat-interval")
+	cfg.HeartbeatTimeout = e.dur(l, "heartbeat-timeout")
+	cfg.DialTimeout = e.dur(l, "dial-timeout")
+	cfg.DrainTimeout = e.dur(l, "drain-timeout")
+	if e.err != nil {
+		return cfg, lg, e.err
+	}
+	for key, d := range map[string]int64{"upstream-timeout": int64(cfg.UpstreamTimeout), "heartbeat-interval": int64(cfg.HeartbeatInterval), "heartbeat-timeout": int64(cfg.HeartbeatTimeout), "dial-timeout": int64(cfg.DialTimeout)} {
+		if d == 0 {
+			return cfg, lg, fmt.Errorf("%s 0: must be positive", key)
+		}
+	}
+	if cfg.Edge == "" {
+		// The embedded edge fills Edge in; check the rest now.
+		probe := cfg
+		probe.Edge = "localhost:1"
+		return cfg, lg, probe.Validate()
+	}
+	return cfg, lg, cfg.Validate()
+}

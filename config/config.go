@@ -1,0 +1,204 @@
+// Package config fills edge.Config and agent.Config from, in order of
+// precedence, command-line flags, NGSTONE_* environment variables, the YAML
+// file named by --config, and defaults.
+//
+// Invariant: every flag is also an environment variable (NGSTONE_ + the flag
+// upper-cased, '-' as '_') and a key of the file, and every value is checked
+// when loaded: a bad value is an error naming the key and the value, never a
+// silent zero. It is the only package that imports viper.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cast"
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// EnvPrefix prefixes every environment variable.
+const EnvPrefix = "NGSTONE"
+
+// Log is the logging configuration shared by both commands.
+type Log struct {
+	// Format is "text", "json", or "" for text on a terminal, JSON otherwise.
+	Format string
+	// Level is debug, info, warn or error; "" means info.
+	Level string
+}
+
+// loader reads one command's settings.
+type loader struct {
+	v    *viper.Viper
+	fs   *pflag.FlagSet
+	keys []string
+}
+
+func newLoader(fs *pflag.FlagSet) *loader {
+	fs.String("config", "", "YAML file of settings (keys are the flag names)")
+	fs.String("log-format", "", "log format: text or json (default: text on a terminal, json otherwise)")
+	fs.String("log-level", "info", "log level: debug, info, warn or error")
+	return &loader{v: viper.New(), fs: fs}
+}
+
+// bind makes every flag of fs a viper key with its default, so that
+// environment variables are seen for all of them.
+func (l *loader) bind() error {
+	l.v.SetEnvPrefix(EnvPrefix)
+	l.v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
+	l.v.AutomaticEnv()
+	var err error
+	l.fs.VisitAll(func(f *pflag.Flag) {
+		l.keys = append(l.keys, f.Name)
+		l.v.SetDefault(f.Name, defaultValue(f))
+		if e := l.v.BindPFlag(f.Name, f); e != nil && err == nil {
+			err = e
+		}
+	})
+	if err != nil {
+		return err
+	}
+	return l.readFile()
+}
+
+func defaultValue(f *pflag.Flag) any {
+	if sv, ok := f.Value.(pflag.SliceValue); ok {
+		return sv.GetSlice()
+	}
+	return f.DefValue
+}
+
+// readFile merges the --config file, refusing keys that are not flags so a
+// typo is an error rather than a setting silently ignored.
+func (l *loader) readFile() error {
+	path := l.v.GetString("config")
+	if path == "" {
+		return nil
+	}
+	l.v.SetConfigFile(path)
+	l.v.SetConfigType("yaml")
+	if err := l.v.ReadInConfig(); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	fileV := viper.New()
+	fileV.SetConfigFile(path)
+	fileV.SetConfigType("yaml")
+	if err := fileV.ReadInConfig(); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	for _, k := range fileV.AllKeys() {
+		if !slices.Contains(l.keys, k) || k == "config" {
+			return fmt.Errorf("config %s: unknown key %q (keys are the command's flag names, e.g. drain-timeout)", path, k)
+		}
+	}
+	return nil
+}
+
+func (l *loader) string(key string) string {
+	return strings.TrimSpace(cast.ToString(l.v.Get(key)))
+}
+
+func (l *loader) duration(key string) (time.Duration, error) {
+	raw := l.v.Get(key)
+	d, err := cast.ToDurationE(raw)
+	if err != nil || d < 0 {
+		return 0, fmt.Errorf("%s %q: want a non-negative duration such as 500ms, 10s or 1m", key, fmt.Sprint(raw))
+	}
+	if s, ok := raw.(string); ok && s != "" && s != "0" {
+		if _, perr := time.ParseDuration(s); perr != nil {
+			return 0, fmt.Errorf("%s %q: want a duration with a unit, such as 500ms, 10s or 1m", key, s)
+		}
+	}
+	return d, nil
+}
+
+func (l *loader) bool(key string) (bool, error) {
+	raw := l.v.Get(key)
+	b, err := cast.ToBoolE(raw)
+	if err != nil {
+		return false, fmt.Errorf("%s %q: want true or false", key, fmt.Sprint(raw))
+	}
+	return b, nil
+}
+
+func (l *loader) int(key string) (int, error) {
+	raw := l.v.Get(key)
+	n, err := cast.ToIntE(raw)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s %q: want a non-negative whole number", key, fmt.Sprint(raw))
+	}
+	return n, nil
+}
+
+// strings reads a list given as a flag repeated, a YAML list, or an
+// environment variable of comma- or space-separated values.
+func (l *loader) strings(key string) []string {
+	var out []string
+	for _, s := range cast.ToStringSlice(l.v.Get(key)) {
+		out = append(out, strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })...)
+	}
+	return out
+}
+
+// secret reads key, or the file named by key-file / NGSTONE_KEY_FILE.
+func (l *loader) secret(key string) (string, error) {
+	if v := l.string(key); v != "" {
+		return v, nil
+	}
+	env := EnvPrefix + "_" + strings.ToUpper(strings.ReplaceAll(key, "-", "_")) + "_FILE"
+	if p := os.Getenv(env); p != "" {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return "", fmt.Errorf("%s: %w", env, err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	return "", nil
+}
+
+func (l *loader) log() (Log, error) {
+	lg := Log{Format: l.string("log-format"), Level: strings.ToLower(l.string("log-level"))}
+	if lg.Format != "" && lg.Format != "text" && lg.Format != "json" {
+		return lg, fmt.Errorf("log-format %q: want text or json", lg.Format)
+	}
+	if lg.Level != "" && !slices.Contains([]string{"debug", "info", "warn", "error"}, lg.Level) {
+		return lg, fmt.Errorf("log-level %q: want debug, info, warn or error", lg.Level)
+	}
+	return lg, nil
+}
+
+// errs collects the first error of a sequence of reads.
+type errs struct{ err error }
+
+func (e *errs) dur(l *loader, key string) time.Duration {
+	d, err := l.duration(key)
+	e.set(err)
+	return d
+}
+
+func (e *errs) boolean(l *loader, key string) bool {
+	b, err := l.bool(key)
+	e.set(err)
+	return b
+}
+
+func (e *errs) integer(l *loader, key string) int {
+	n, err := l.int(key)
+	e.set(err)
+	return n
+}
+
+func (e *errs) set(err error) {
+	if err != nil && e.err == nil {
+		e.err = err
+	}
+}
+
+// ErrUsage marks errors in what the user asked for (flags, environment,
+// file), as opposed to failures at run time.
+var ErrUsage = errors.New("usage")

@@ -1,0 +1,81 @@
+package config
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/edge"
+)
+
+// Edge loads `ngstone edge` settings.
+type Edge struct{ l *loader }
+
+// NewEdge registers the edge's flags on fs.
+func NewEdge(fs *pflag.FlagSet) *Edge {
+	d := edge.DefaultConfig()
+	fs.String("domain", "", "public domain; tunnels are served at NAME.DOMAIN (required)")
+	fs.String("http-addr", d.HTTPAddr, "plain-HTTP visitor listener (empty disables)")
+	fs.String("https-addr", d.HTTPSAddr, "HTTPS visitor listener (empty disables)")
+	fs.String("control-addr", d.ControlAddr, "TLS listener for agents")
+	fs.String("admin-addr", d.AdminAddr, "admin API listener: /healthz, /metrics, /api/tunnels (empty disables)")
+	fs.String("tls-mode", d.TLS.Mode, "certificates: "+strings.Join(certs.Modes, ", "))
+	fs.String("tls-cert", "", "certificate PEM file (tls-mode files)")
+	fs.String("tls-key", "", "private key PEM file (tls-mode files)")
+	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem) and ACME state")
+	fs.StringArray("token", nil, "agent token to accept (repeatable; none means any agent may connect)")
+	fs.String("tokens-file", "", "YAML file of agent tokens")
+	fs.StringSlice("reserved-names", d.ReservedNames, "subdomains no agent may bind")
+	fs.Duration("drain-timeout", d.DrainTimeout, "how long an evicted session may finish accepted requests (0 closes at once)")
+	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "a session with no heartbeat for this long is dead")
+	fs.Duration("tunnel-timeout", d.TunnelTimeout, "how long to wait for an agent's response headers (504 tunnel_timeout)")
+	fs.Duration("hello-timeout", d.HelloTimeout, "how long an agent has from connect to hello")
+	fs.Duration("shutdown-grace", d.ShutdownGrace, "how long a graceful shutdown waits for in-flight requests")
+	return &Edge{l: newLoader(fs)}
+}
+
+// Load reads flags, environment and file into an edge.Config.
+func (c *Edge) Load() (edge.Config, Log, error) {
+	l := c.l
+	if err := l.bind(); err != nil {
+		return edge.Config{}, Log{}, err
+	}
+	lg, err := l.log()
+	if err != nil {
+		return edge.Config{}, lg, err
+	}
+	var e errs
+	cfg := edge.DefaultConfig()
+	cfg.Domain = strings.ToLower(strings.TrimSuffix(l.string("domain"), "."))
+	cfg.HTTPAddr = l.string("http-addr")
+	cfg.HTTPSAddr = l.string("https-addr")
+	cfg.ControlAddr = l.string("control-addr")
+	cfg.AdminAddr = l.string("admin-addr")
+	cfg.TLS.Mode = l.string("tls-mode")
+	cfg.TLS.CertFile = l.string("tls-cert")
+	cfg.TLS.KeyFile = l.string("tls-key")
+	cfg.TLS.DataDir = l.string("data-dir")
+	cfg.Tokens = l.strings("token")
+	cfg.ReservedNames = l.strings("reserved-names")
+	if cfg.ReservedNames == nil {
+		cfg.ReservedNames = []string{}
+	}
+	cfg.DrainTimeout = e.dur(l, "drain-timeout")
+	cfg.HeartbeatTimeout = e.dur(l, "heartbeat-timeout")
+	cfg.TunnelTimeout = e.dur(l, "tunnel-timeout")
+	cfg.HelloTimeout = e.dur(l, "hello-timeout")
+	cfg.ShutdownGrace = e.dur(l, "shutdown-grace")
+	if e.err != nil {
+		return cfg, lg, e.err
+	}
+	if cfg.TLS.Mode != "" && !slices.Contains(certs.Modes, cfg.TLS.Mode) {
+		return cfg, lg, fmt.Errorf("tls-mode %q: want one of %s", cfg.TLS.Mode, strings.Join(certs.Modes, ", "))
+	}
+	if cfg.HeartbeatTimeout == 0 {
+		return cfg, lg, fmt.Errorf("heartbeat-timeout 0: must be positive")
+	}
+	return cfg, lg, cfg.Validate()
+}

@@ -1,0 +1,97 @@
+package edge
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/ngstone/ngstone/registry"
+)
+
+// Tunnel is one binding as the admin API shows it. Online is computed at the
+// time of the request, never stored.
+type Tunnel struct {
+	Hostname      string    `json:"hostname"`
+	URL           string    `json:"url"`
+	InstanceID    string    `json:"instance_id"`
+	SessionID     uint64    `json:"session_id"`
+	Generation    uint64    `json:"generation"`
+	Online        bool      `json:"online"`
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	RemoteAddr    string    `json:"remote_addr"`
+	BoundAt       time.Time `json:"bound_at"`
+}
+
+func (e *Edge) adminHandler() http.Handler {
+	m := http.NewServeMux()
+	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte("ok"))
+	})
+	m.HandleFunc("GET /api/tunnels", e.listTunnels)
+	m.HandleFunc("GET /api/tunnels/{hostname}", e.getTunnel)
+	return m
+}
+
+func (e *Edge) listTunnels(w http.ResponseWriter, r *http.Request) {
+	out, err := e.Tunnels(r.Context())
+	if err != nil {
+		http.Error(w, "registry unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (e *Edge) getTunnel(w http.ResponseWriter, r *http.Request) {
+	host, err := NormalizeHost(r.PathValue("hostname"))
+	if err != nil {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel with that hostname"})
+		return
+	}
+	b, ok, err := e.store.Get(r.Context(), host)
+	if err != nil {
+		http.Error(w, "registry unavailable: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	if !ok {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel " + host})
+		return
+	}
+	writeJSON(w, http.StatusOK, e.tunnel(b, time.Now()))
+}
+
+// Tunnels returns the admin view of every binding, computed now.
+func (e *Edge) Tunnels(ctx context.Context) ([]Tunnel, error) {
+	bs, err := e.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Tunnel, 0, len(bs))
+	now := time.Now()
+	for _, b := range bs {
+		out = append(out, e.tunnel(b, now))
+	}
+	return out, nil
+}
+
+func (e *Edge) tunnel(b registry.Binding, now time.Time) Tunnel {
+	t := Tunnel{
+		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname)), InstanceID: b.InstanceID,
+		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(),
+	}
+	if s := e.session(b.SessionID); s != nil {
+		t.Online = s.live(now)
+		t.LastHeartbeat = time.Unix(0, s.lastBeat.Load()).UTC()
+		t.RemoteAddr = s.remote
+	}
+	return t
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

@@ -1,0 +1,107 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// randomNameTries bounds the search for an unused random name.
+const randomNameTries = 16
+
+// bind answers one bind request of session s.
+func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
+	if m.Subdomain == "" {
+		return e.bindRandom(ctx, s)
+	}
+	if err := registry.ValidateSubdomain(m.Subdomain, e.cfg.ReservedNames); err != nil {
+		code := mux.CodeInvalidName
+		if errors.Is(err, registry.ErrReservedName) {
+			code = mux.CodeReservedName
+		}
+		s.log.Info("bind refused", "subdomain", m.Subdomain, "code", code)
+		return &mux.BindError{Subdomain: m.Subdomain, Code: code, Message: err.Error() + ": choose another --subdomain"}
+	}
+	return e.claim(ctx, s, m.Subdomain, m.Takeover, false)
+}
+
+func (e *Edge) bindRandom(ctx context.Context, s *session) mux.Message {
+	for range randomNameTries {
+		name := registry.RandomName(8)
+		if registry.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
+			continue
+		}
+		reply := e.claim(ctx, s, name, false, true)
+		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
+			continue
+		}
+		return reply
+	}
+	return &mux.BindError{Code: mux.CodeSubdomainTaken, Message: "the edge found no free random name; retry or pass --subdomain"}
+}
+
+// claim asks the registry for NAME.DOMAIN and applies the outcome: record
+// the binding on s, evict and fence the previous holder.
+func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exclusive bool) mux.Message {
+	host := name + "." + e.cfg.Domain
+	if e.isClosing() {
+		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"}
+	}
+	res, err := e.store.Bind(ctx, registry.Claim{
+		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
+		SessionID: s.id, Exclusive: exclusive,
+	})
+	if errors.Is(err, registry.ErrTaken) {
+		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)
+		return &mux.BindError{Subdomain: name, Code: mux.CodeSubdomainTaken,
+			Message: fmt.Sprintf("%s is in use by another agent: choose another --subdomain, or stop the agent that holds it", host)}
+	}
+	if err != nil {
+		s.log.Error("bind failed", "hostname", host, "err", err)
+		return &mux.BindError{Subdomain: name, Code: mux.CodeBadRequest, Message: "the edge could not record the binding; retry"}
+	}
+	b := res.Binding
+	s.addBinding(host, b.Generation)
+	if s.isClosed() {
+		// The session ended while the registry granted the bind: its own
+		// cleanup may have run already, so release here (compare-and-delete).
+		e.store.Release(ctx, host, s.id, b.Generation)
+		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the session closed during the bind; retry"}
+	}
+	if res.Previous != nil && res.Previous.SessionID != s.id {
+		e.evict(*res.Previous)
+	}
+	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome, "takeover", takeover)
+	urls := e.URLs(host)
+	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
+}
+
+// unbind releases hostname if s holds it; the edge stops routing at once.
+func (e *Edge) unbind(ctx context.Context, s *session, hostname string) {
+	gen, ok := s.snapshot()[hostname]
+	if !ok {
+		return
+	}
+	s.fence(hostname)
+	if _, err := e.store.Release(ctx, hostname, s.id, gen); err != nil {
+		s.log.Warn("release failed", "hostname", hostname, "err", err)
+		return
+	}
+	s.log.Info("unbound", "hostname", hostname, "generation", gen)
+}
+
+func (e *Edge) isClosing() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closing
+}
+
+func first(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[0]
+}

@@ -1,0 +1,127 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// Config is everything an edge needs. DefaultConfig fills it for production;
+// the zero value of each field is described on it.
+type Config struct {
+	// Domain is the public domain; tunnels are NAME.Domain. Required.
+	Domain string
+	// HTTPAddr is the plain-HTTP visitor listener; empty disables it.
+	HTTPAddr string
+	// HTTPSAddr is the HTTPS visitor listener; empty disables it.
+	HTTPSAddr string
+	// ControlAddr is the agents' TLS listener. Required.
+	ControlAddr string
+	// AdminAddr is the admin API listener; empty disables it.
+	AdminAddr string
+	// TLS selects how certificates are obtained.
+	TLS certs.Config
+	// Tokens are the agent tokens accepted in hello. Empty means any agent
+	// may connect (an open edge, for development).
+	Tokens []string
+	// ReservedNames cannot be bound. Nil means registry.DefaultReserved;
+	// an empty non-nil slice reserves nothing.
+	ReservedNames []string
+	// DrainTimeout bounds how long an evicted or abandoned session may
+	// finish requests it already accepted; zero closes it at once.
+	DrainTimeout time.Duration
+	// HeartbeatTimeout is the freshness window: a session with no heartbeat
+	// for this long is dead. Zero means 45s.
+	HeartbeatTimeout time.Duration
+	// TunnelTimeout bounds how long the edge waits for an agent's response
+	// headers (504 tunnel_timeout). Zero means 60s.
+	TunnelTimeout time.Duration
+	// HelloTimeout bounds the time from a control connection's accept to a
+	// valid hello, TLS handshake included. Zero means 10s.
+	HelloTimeout time.Duration
+	// ShutdownGrace bounds how long a graceful shutdown waits for in-flight
+	// requests. Zero means 30s.
+	ShutdownGrace time.Duration
+	// Mux tunes yamux; zero fields take mux defaults.
+	Mux mux.Config
+	// Store holds the bindings; nil means a registry.Memory of this edge.
+	Store registry.Store `json:"-"`
+}
+
+// DefaultConfig returns the documented defaults of `ngstone edge`.
+func DefaultConfig() Config {
+	return Config{
+		HTTPAddr:         ":80",
+		HTTPSAddr:        ":443",
+		ControlAddr:      ":4443",
+		AdminAddr:        "127.0.0.1:9180",
+		TLS:              certs.Config{Mode: certs.ModeSelfSigned, DataDir: "."},
+		ReservedNames:    append([]string(nil), registry.DefaultReserved...),
+		DrainTimeout:     10 * time.Second,
+		HeartbeatTimeout: 45 * time.Second,
+		TunnelTimeout:    60 * time.Second,
+		HelloTimeout:     10 * time.Second,
+		ShutdownGrace:    30 * time.Second,
+		Mux:              mux.DefaultConfig(),
+	}
+}
+
+// withDefaults fills zero durations.
+func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.HeartbeatTimeout <= 0 {
+		c.HeartbeatTimeout = d.HeartbeatTimeout
+	}
+	if c.TunnelTimeout <= 0 {
+		c.TunnelTimeout = d.TunnelTimeout
+	}
+	if c.HelloTimeout <= 0 {
+		c.HelloTimeout = d.HelloTimeout
+	}
+	if c.ShutdownGrace <= 0 {
+		c.ShutdownGrace = d.ShutdownGrace
+	}
+	if c.ReservedNames == nil {
+		c.ReservedNames = d.ReservedNames
+	}
+	c.TLS.Domain = c.Domain
+	return c
+}
+
+// Validate reports the first invalid field, naming it as the CLI flag.
+func (c Config) Validate() error {
+	if c.Domain == "" {
+		return errors.New("domain: required (the public domain, e.g. tunnels.example.com)")
+	}
+	if h, err := NormalizeHost(c.Domain); err != nil || h != c.Domain {
+		return fmt.Errorf("domain %q: must be a lower-case DNS name without port or trailing dot", c.Domain)
+	}
+	if c.ControlAddr == "" {
+		return errors.New("control-addr: required")
+	}
+	for flag, addr := range map[string]string{"http-addr": c.HTTPAddr, "https-addr": c.HTTPSAddr, "control-addr": c.ControlAddr, "admin-addr": c.AdminAddr} {
+		if addr == "" {
+			continue
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("%s %q: want HOST:PORT or :PORT", flag, addr)
+		}
+	}
+	if c.DrainTimeout < 0 {
+		return fmt.Errorf("drain-timeout %s: must not be negative", c.DrainTimeout)
+	}
+	if c.HeartbeatTimeout < 0 {
+		return fmt.Errorf("heartbeat-timeout %s: must not be negative", c.HeartbeatTimeout)
+	}
+	for _, n := range c.ReservedNames {
+		if err := registry.ValidateSubdomain(n, nil); err != nil {
+			return fmt.Errorf("reserved-names %q: %v", n, err)
+		}
+	}
+	return nil
+}

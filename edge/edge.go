@@ -1,0 +1,368 @@
+// Package edge is ngstone's public server.
+//
+// It accepts agents on a TLS control listener (one yamux session each),
+// binds their hostnames through a registry.Store, and routes each visitor
+// request by its Host to a new yamux stream on the owning session, where
+// exactly one HTTP/1.1 exchange runs.
+//
+// Invariant: the edge never decides ownership itself. It asks the registry,
+// routes only to the session holding a hostname's current generation, and
+// on a takeover fences the old session for that hostname at once (it gets
+// no new requests), lets its accepted requests finish within DrainTimeout,
+// then closes it if it holds nothing else.
+package edge
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// Edge is one edge server. New builds it without I/O; Start binds and serves.
+type Edge struct {
+	cfg   Config
+	log   *slog.Logger
+	store registry.Store
+	certs *certs.Manager
+	proxy http.Handler
+
+	nextSession atomic.Uint64
+
+	mu       sync.Mutex
+	sessions map[uint64]*session
+	closing  bool
+
+	listeners map[string]net.Listener
+	servers   []*http.Server
+	ctrlLn    net.Listener
+	wg        sync.WaitGroup
+	stop      context.CancelFunc
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// New checks cfg and returns an edge that has not started.
+func New(cfg Config, log *slog.Logger) (*Edge, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	e := &Edge{
+		cfg:       cfg,
+		log:       log,
+		sessions:  make(map[uint64]*session),
+		listeners: make(map[string]net.Listener),
+		done:      make(chan struct{}),
+	}
+	e.store = cfg.Store
+	if e.store == nil {
+		e.store = registry.NewMemory(e.holderLive)
+	}
+	m, err := certs.New(cfg.TLS, log, e.certPolicy)
+	if err != nil {
+		return nil, err
+	}
+	e.certs = m
+	e.proxy = e.newProxy()
+	return e, nil
+}
+
+// Start obtains certificates, binds every listener and serves until Close
+// or Shutdown. After an error it has released whatever it had bound.
+func (e *Edge) Start(ctx context.Context) (err error) {
+	ctx, e.stop = context.WithCancel(context.WithoutCancel(ctx))
+	defer func() {
+		if err != nil {
+			e.Close()
+		}
+	}()
+	if err := e.certs.Start(ctx); err != nil {
+		return err
+	}
+	if err := e.listen(); err != nil {
+		return err
+	}
+	e.serve(ctx)
+	e.log.Info("edge started", "domain", e.cfg.Domain, "addrs", e.addrStrings())
+	return nil
+}
+
+func (e *Edge) listen() error {
+	for name, addr := range map[string]string{
+		"http": e.cfg.HTTPAddr, "https": e.cfg.HTTPSAddr,
+		"control": e.cfg.ControlAddr, "admin": e.cfg.AdminAddr,
+	} {
+		if addr == "" {
+			continue
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("%s-addr %s: %w", name, addr, err)
+		}
+		e.listeners[name] = ln
+	}
+	return nil
+}
+
+func (e *Edge) serve(ctx context.Context) {
+	if ln := e.listeners["http"]; ln != nil {
+		e.serveHTTP(ln, e.certs.HTTPHandler(e.visitorHandler()), nil)
+	}
+	if ln := e.listeners["https"]; ln != nil {
+		e.serveHTTP(ln, e.visitorHandler(), e.certs.TLSConfig())
+	}
+	if ln := e.listeners["admin"]; ln != nil {
+		e.serveHTTP(ln, e.adminHandler(), nil)
+	}
+	tc := e.certs.TLSConfig()
+	tc.NextProtos = []string{mux.ALPN}
+	e.ctrlLn = tls.NewListener(e.listeners["control"], tc)
+	e.wg.Add(2)
+	go e.acceptAgents(ctx)
+	go e.reap(ctx)
+}
+
+func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
+	srv := &http.Server{
+		Handler:           h,
+		TLSConfig:         tc,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
+	}
+	e.servers = append(e.servers, srv)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		var err error
+		if tc != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.log.Error("listener stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// Addr returns the bound address of a listener: "http", "https",
+// "control" or "admin"; nil if it is not listening.
+func (e *Edge) Addr(name string) net.Addr {
+	if ln := e.listeners[name]; ln != nil {
+		return ln.Addr()
+	}
+	return nil
+}
+
+func (e *Edge) addrStrings() map[string]string {
+	out := map[string]string{}
+	for n, ln := range e.listeners {
+		out[n] = ln.Addr().String()
+	}
+	return out
+}
+
+// Domain returns the edge's domain.
+func (e *Edge) Domain() string { return e.cfg.Domain }
+
+// Store returns the registry the edge binds through.
+func (e *Edge) Store() registry.Store { return e.store }
+
+// URLs returns the public URLs of hostname, HTTPS first.
+func (e *Edge) URLs(hostname string) []string {
+	var out []string
+	for _, s := range []struct{ name, scheme, port string }{{"https", "https", "443"}, {"http", "http", "80"}} {
+		ln := e.listeners[s.name]
+		if ln == nil {
+			continue
+		}
+		u := s.scheme + "://" + hostname
+		if _, port, _ := net.SplitHostPort(ln.Addr().String()); port != s.port {
+			u += ":" + port
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// Run starts the edge and serves until ctx ends, then shuts down gracefully.
+func (e *Edge) Run(ctx context.Context) error {
+	if err := e.Start(ctx); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.ShutdownGrace)
+	defer cancel()
+	return e.Shutdown(sctx)
+}
+
+// Shutdown stops accepting visitors and agents, tells agents to go away
+// (they reconnect with takeover), waits for in-flight requests until ctx
+// ends, then closes everything.
+func (e *Edge) Shutdown(ctx context.Context) error {
+	e.mu.Lock()
+	e.closing = true
+	sessions := e.sessionListLocked()
+	e.mu.Unlock()
+	if e.ctrlLn != nil {
+		e.ctrlLn.Close()
+	}
+	for _, s := range sessions {
+		s.send(&mux.GoAway{Reason: "edge shutting down"})
+	}
+	var wg sync.WaitGroup
+	for _, srv := range e.servers {
+		wg.Add(1)
+		go func() { defer wg.Done(); srv.Shutdown(ctx) }()
+	}
+	wg.Wait()
+	for _, s := range sessions {
+		s.streams.Wait(ctx, s.closed)
+	}
+	return e.Close()
+}
+
+// Close stops everything at once and waits for every goroutine the edge
+// started. It is idempotent.
+func (e *Edge) Close() error {
+	e.closeOnce.Do(func() {
+		e.mu.Lock()
+		e.closing = true
+		sessions := e.sessionListLocked()
+		e.mu.Unlock()
+		if e.stop != nil {
+			e.stop()
+		}
+		if e.ctrlLn != nil {
+			e.ctrlLn.Close()
+		}
+		for _, ln := range e.listeners {
+			ln.Close()
+		}
+		for _, srv := range e.servers {
+			srv.Close()
+		}
+		for _, s := range sessions {
+			s.close()
+		}
+		e.wg.Wait()
+		e.certs.Close()
+		close(e.done)
+	})
+	return nil
+}
+
+func (e *Edge) sessionListLocked() []*session {
+	out := make([]*session, 0, len(e.sessions))
+	for _, s := range e.sessions {
+		out = append(out, s)
+	}
+	return out
+}
+
+func (e *Edge) session(id uint64) *session {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sessions[id]
+}
+
+// holderLive is the registry's liveness question, computed now: the holder's
+// session exists, is open, and heartbeated within the freshness window.
+func (e *Edge) holderLive(b registry.Binding) bool {
+	s := e.session(b.SessionID)
+	return s != nil && s.live(time.Now())
+}
+
+// certPolicy allows on-demand certificates only for the domain and hostnames
+// bound at the moment of the handshake.
+func (e *Edge) certPolicy(ctx context.Context, host string) error {
+	host, err := NormalizeHost(host)
+	if err != nil {
+		return err
+	}
+	if host == e.cfg.Domain {
+		return nil
+	}
+	if _, ok, err := e.store.Get(ctx, host); err != nil || !ok {
+		return fmt.Errorf("no tunnel is bound to %s", host)
+	}
+	return nil
+}
+
+// reap closes sessions whose heartbeat is older than the freshness window,
+// which releases their bindings.
+func (e *Edge) reap(ctx context.Context) {
+	defer e.wg.Done()
+	t := time.NewTicker(max(e.cfg.HeartbeatTimeout/4, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			e.mu.Lock()
+			sessions := e.sessionListLocked()
+			e.mu.Unlock()
+			for _, s := range sessions {
+				if s.helloDone() && !s.live(now) {
+					s.log.Info("session stale: no heartbeat within the freshness window", "heartbeat_timeout", e.cfg.HeartbeatTimeout)
+					s.close()
+				}
+			}
+		}
+	}
+}
+
+// checkToken returns the token's id when tok is accepted. With no tokens
+// configured every agent is accepted.
+func (e *Edge) checkToken(tok string) (string, bool) {
+	if len(e.cfg.Tokens) == 0 {
+		return tokenID(tok), true
+	}
+	ok := 0
+	for _, t := range e.cfg.Tokens {
+		ok |= subtle.ConstantTimeCompare([]byte(t), []byte(tok))
+	}
+	return tokenID(tok), ok == 1
+}
+
+func tokenID(tok string) string {
+	if tok == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(tok))
+	return hex.EncodeToString(sum[:8])
+}
+
+// ReloadCertificates re-reads certificate files (tls-mode files); the CLI
+// calls it on SIGHUP. Errors are logged and the old certificate kept.
+func (e *Edge) ReloadCertificates() {
+	if err := e.certs.Reload(); err != nil {
+		e.log.Error("certificate reload failed; keeping the old certificate", "err", err)
+	}
+}
+
+// CAFile returns the path of the self-signed CA's certificate.
+func (e *Edge) CAFile() string {
+	return filepath.Join(e.cfg.TLS.DataDir, certs.CAFile)
+}

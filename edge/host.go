@@ -1,0 +1,59 @@
+package edge
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/ngstone/ngstone/registry"
+)
+
+// ErrBadHost is returned by NormalizeHost for an empty or malformed Host.
+var ErrBadHost = errors.New("bad host")
+
+// NormalizeHost lower-cases a Host header value and drops its port and a
+// trailing dot. The result is either a non-empty string of DNS characters
+// (letters, digits, '-', '.') or an error; NormalizeHost(NormalizeHost(h))
+// is NormalizeHost(h).
+func NormalizeHost(h string) (string, error) {
+	if h == "" {
+		return "", fmt.Errorf("%w: empty", ErrBadHost)
+	}
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		h = h[1 : len(h)-1]
+	}
+	h = strings.TrimSuffix(strings.ToLower(h), ".")
+	if h == "" || len(h) > 253 {
+		return "", fmt.Errorf("%w: length %d", ErrBadHost, len(h))
+	}
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.String(), nil
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return "", fmt.Errorf("%w: character %q", ErrBadHost, c)
+		}
+	}
+	if strings.HasPrefix(h, ".") || strings.Contains(h, "..") {
+		return "", fmt.Errorf("%w: empty label", ErrBadHost)
+	}
+	return h, nil
+}
+
+// subdomainOf returns the single label of host under domain, or false when
+// host is the apex, deeper than one label, or outside domain. host and
+// domain are normalised.
+func subdomainOf(host, domain string) (string, bool) {
+	label, ok := strings.CutSuffix(host, "."+domain)
+	if !ok || label == "" || strings.Contains(label, ".") {
+		return "", false
+	}
+	if registry.ValidateSubdomain(label, nil) != nil {
+		return "", false
+	}
+	return label, true
+}

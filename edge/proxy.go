@@ -1,0 +1,134 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// route is what the visitor handler resolved for one request; the
+// transport's dialer opens its stream on exactly this session.
+type route struct {
+	s          *session
+	hostname   string
+	generation uint64
+}
+
+type routeKey struct{}
+
+// errNoRoute means the request's session could not take a new stream
+// (fenced, closed or draining) before anything was sent.
+var errNoRoute = errors.New("edge: session cannot take new streams")
+
+// visitorHandler routes visitor requests by Host.
+func (e *Edge) visitorHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, err := NormalizeHost(r.Host)
+		if err != nil {
+			mux.WriteVisitorError(w, mux.CodeBadHost, r.Host)
+			return
+		}
+		if _, ok := subdomainOf(host, e.cfg.Domain); !ok {
+			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
+			return
+		}
+		b, ok, err := e.store.Get(r.Context(), host)
+		if err != nil || !ok {
+			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
+			return
+		}
+		s := e.session(b.SessionID)
+		if s == nil || !s.live(time.Now()) {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
+		ctx := context.WithValue(r.Context(), routeKey{}, route{s: s, hostname: host, generation: b.Generation})
+		e.proxy.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// newProxy builds the reverse proxy from visitors to agent streams.
+func (e *Edge) newProxy() http.Handler {
+	t := &http.Transport{
+		DialContext: e.dialStream,
+		// One exchange per stream: a stream is never pooled, so it can
+		// never be reused across sessions or generations.
+		DisableKeepAlives:      true,
+		DisableCompression:     true,
+		ResponseHeaderTimeout:  e.cfg.TunnelTimeout,
+		MaxResponseHeaderBytes: 1 << 20,
+		WriteBufferSize:        32 << 10,
+		ReadBufferSize:         32 << 10,
+	}
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			rt := pr.In.Context().Value(routeKey{}).(route)
+			pr.SetXForwarded()
+			pr.Out.URL.Scheme = "http"
+			// The transport keys connections by URL host: make it unique
+			// per session and generation.
+			pr.Out.URL.Host = "s" + strconv.FormatUint(rt.s.id, 10) + ".g" + strconv.FormatUint(rt.generation, 10) + ".ngstone"
+			pr.Out.Host = pr.In.Host
+		},
+		Transport:    t,
+		BufferPool:   mux.BufferPool{},
+		ErrorHandler: e.proxyError,
+	}
+}
+
+// dialStream opens a new yamux stream on the request's session.
+func (e *Edge) dialStream(ctx context.Context, _, _ string) (net.Conn, error) {
+	rt, ok := ctx.Value(routeKey{}).(route)
+	if !ok {
+		return nil, errNoRoute
+	}
+	s := rt.s
+	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
+		return nil, errNoRoute
+	}
+	st, err := s.ys.OpenStream()
+	if err != nil {
+		return nil, errors.Join(errNoRoute, err)
+	}
+	s.streams.Add()
+	return &trackedConn{Conn: st, done: s.streams.Done}, nil
+}
+
+// proxyError maps a failed exchange to the visitor error codes.
+func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	rt, _ := r.Context().Value(routeKey{}).(route)
+	var ne net.Error
+	switch {
+	case r.Context().Err() != nil:
+		// The visitor left; nobody reads this answer.
+		w.WriteHeader(http.StatusBadGateway)
+		return
+	case errors.Is(err, errNoRoute):
+		mux.WriteVisitorError(w, mux.CodeTunnelOffline, rt.hostname)
+	case errors.As(err, &ne) && ne.Timeout():
+		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, rt.hostname)
+	default:
+		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, rt.hostname)
+	}
+	e.log.Debug("visitor request failed", "hostname", rt.hostname, "err", err)
+}
+
+// trackedConn reports its close to the session's in-flight tracker once.
+type trackedConn struct {
+	net.Conn
+	once sync.Once
+	done func()
+}
+
+func (c *trackedConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(c.done)
+	return err
+}

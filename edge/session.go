@@ -1,0 +1,369 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// maxAgentStreams is how many streams an agent may try to open towards the
+// edge (beyond its control stream) before its session is closed.
+const maxAgentStreams = 3
+
+// controlWriteTimeout bounds one write on a control stream.
+const controlWriteTimeout = 10 * time.Second
+
+// session is one agent connection: a yamux session and its control stream.
+type session struct {
+	e      *Edge
+	id     uint64
+	ys     *yamux.Session
+	remote string
+	log    *slog.Logger
+
+	ctrl       net.Conn
+	instanceID string
+	tokenID    string
+	hello      atomic.Bool
+	lastBeat   atomic.Int64 // unix nanoseconds
+	streams    mux.Tracker
+
+	writeMu sync.Mutex
+
+	mu       sync.Mutex
+	bindings map[string]uint64 // hostname -> generation this session holds
+	draining bool
+
+	closeOnce sync.Once
+	closed    chan struct{}
+}
+
+// acceptAgents accepts control connections until the listener closes.
+func (e *Edge) acceptAgents(ctx context.Context) {
+	defer e.wg.Done()
+	for {
+		c, err := e.ctrlLn.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				e.log.Error("control listener stopped", "err", err)
+			}
+			return
+		}
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.handleAgent(ctx, c)
+		}()
+	}
+}
+
+// handleAgent runs one agent connection from TLS handshake to close.
+func (e *Edge) handleAgent(ctx context.Context, c net.Conn) {
+	s, err := e.openSession(ctx, c)
+	if err != nil {
+		e.log.Debug("agent connection refused", "remote", c.RemoteAddr().String(), "err", err)
+		c.Close()
+		return
+	}
+	defer e.endSession(s)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		s.refuseAgentStreams()
+	}()
+	s.readControl(ctx)
+}
+
+// openSession runs the TLS handshake, the yamux server and the hello, all
+// within HelloTimeout.
+func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
+	deadline := time.Now().Add(e.cfg.HelloTimeout)
+	hctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if tc, ok := c.(interface {
+		HandshakeContext(context.Context) error
+	}); ok {
+		if err := tc.HandshakeContext(hctx); err != nil {
+			return nil, fmt.Errorf("tls handshake: %w", err)
+		}
+	}
+	yc, err := e.cfg.Mux.Yamux(nil)
+	if err != nil {
+		return nil, err
+	}
+	ys, err := yamux.Server(c, yc)
+	if err != nil {
+		return nil, fmt.Errorf("yamux: %w", err)
+	}
+	s := &session{
+		e: e, id: e.nextSession.Add(1), ys: ys, remote: c.RemoteAddr().String(),
+		bindings: make(map[string]uint64), closed: make(chan struct{}),
+	}
+	s.log = e.log.With("session", s.id, "remote", s.remote)
+	if err := s.handshake(hctx, deadline); err != nil {
+		ys.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// handshake accepts the control stream, reads the hello and registers the
+// session with the edge.
+func (s *session) handshake(ctx context.Context, deadline time.Time) error {
+	ctrl, err := s.ys.AcceptStreamWithContext(ctx)
+	if err != nil {
+		return fmt.Errorf("accept control stream: %w", err)
+	}
+	s.ctrl = ctrl
+	ctrl.SetReadDeadline(deadline)
+	msg, err := mux.Read(ctrl)
+	if err != nil {
+		return fmt.Errorf("read hello: %w", err)
+	}
+	ctrl.SetReadDeadline(time.Time{})
+	h, ok := msg.(*mux.Hello)
+	if !ok {
+		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "the first control message must be hello"})
+		return fmt.Errorf("first message was %s, not hello", msg.MessageType())
+	}
+	if err := s.acceptHello(h); err != nil {
+		return err
+	}
+	s.log = s.log.With("instance", s.instanceID)
+	s.log.Info("agent connected")
+	return nil
+}
+
+func (s *session) acceptHello(h *mux.Hello) error {
+	e := s.e
+	if h.Version != mux.Version {
+		s.send(&mux.Error{Code: mux.CodeVersion, Message: fmt.Sprintf("this edge speaks protocol %d, the agent %d: upgrade the older one", mux.Version, h.Version)})
+		return fmt.Errorf("protocol version %d", h.Version)
+	}
+	if !validInstanceID(h.InstanceID) {
+		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "instance_id must be 32 lower-case hex characters"})
+		return fmt.Errorf("bad instance id %q", h.InstanceID)
+	}
+	tokID, ok := e.checkToken(h.Token)
+	if !ok {
+		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
+		return errors.New("unauthorized token")
+	}
+	s.instanceID, s.tokenID = h.InstanceID, tokID
+	s.lastBeat.Store(time.Now().UnixNano())
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		s.send(&mux.Error{Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"})
+		return errors.New("edge shutting down")
+	}
+	e.sessions[s.id] = s
+	e.mu.Unlock()
+	s.hello.Store(true)
+	return s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds()})
+}
+
+func validInstanceID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// refuseAgentStreams closes every stream the agent opens after its control
+// stream: only the edge opens streams. Too many attempts close the session.
+func (s *session) refuseAgentStreams() {
+	for n := 1; ; n++ {
+		st, err := s.ys.AcceptStream()
+		if err != nil {
+			return
+		}
+		st.Close()
+		if n >= maxAgentStreams {
+			s.log.Warn("agent keeps opening streams towards the edge; closing its session", "attempts", n)
+			s.close()
+			return
+		}
+	}
+}
+
+// readControl handles control messages until the stream or session ends.
+func (s *session) readControl(ctx context.Context) {
+	for {
+		msg, err := mux.Read(s.ctrl)
+		if err != nil {
+			if !errors.Is(err, io.EOF) && !s.isClosed() {
+				s.log.Info("control stream ended", "err", err)
+			}
+			return
+		}
+		if err := s.handle(ctx, msg); err != nil {
+			s.log.Info("closing session", "err", err)
+			return
+		}
+	}
+}
+
+func (s *session) handle(ctx context.Context, msg mux.Message) error {
+	switch m := msg.(type) {
+	case *mux.Heartbeat:
+		s.lastBeat.Store(time.Now().UnixNano())
+		return s.send(&mux.HeartbeatAck{Seq: m.Seq})
+	case *mux.Bind:
+		return s.send(s.e.bind(ctx, s, m))
+	case *mux.Unbind:
+		s.e.unbind(ctx, s, m.Hostname)
+		return s.send(&mux.Unbound{Hostname: m.Hostname})
+	}
+	return fmt.Errorf("unexpected %s message from agent", msg.MessageType())
+}
+
+// send writes one control message, bounded by controlWriteTimeout.
+func (s *session) send(m mux.Message) error {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.ctrl == nil {
+		return errors.New("no control stream")
+	}
+	s.ctrl.SetWriteDeadline(time.Now().Add(controlWriteTimeout))
+	err := mux.Write(s.ctrl, m)
+	s.ctrl.SetWriteDeadline(time.Time{})
+	return err
+}
+
+// live reports whether the session is open and heartbeated within the
+// freshness window at now.
+func (s *session) live(now time.Time) bool {
+	if s.isClosed() || s.ys.IsClosed() {
+		return false
+	}
+	return now.Sub(time.Unix(0, s.lastBeat.Load())) <= s.e.cfg.HeartbeatTimeout
+}
+
+func (s *session) helloDone() bool { return s.hello.Load() }
+
+func (s *session) isClosed() bool {
+	select {
+	case <-s.closed:
+		return true
+	default:
+		return false
+	}
+}
+
+// holds reports whether the session still owns hostname at generation gen.
+func (s *session) holds(hostname string, gen uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g, ok := s.bindings[hostname]
+	return ok && g == gen
+}
+
+func (s *session) addBinding(hostname string, gen uint64) {
+	s.mu.Lock()
+	s.bindings[hostname] = gen
+	s.mu.Unlock()
+}
+
+// fence removes hostname from the session and reports how many bindings
+// it still holds.
+func (s *session) fence(hostname string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.bindings, hostname)
+	return len(s.bindings)
+}
+
+func (s *session) snapshot() map[string]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string]uint64, len(s.bindings))
+	for h, g := range s.bindings {
+		out[h] = g
+	}
+	return out
+}
+
+// close closes the yamux session (and with it every stream) once.
+func (s *session) close() {
+	s.closeOnce.Do(func() {
+		close(s.closed)
+		s.ys.Close()
+	})
+}
+
+// drainThenClose lets accepted requests finish within DrainTimeout, then
+// closes the session. Called when a session holds nothing any more.
+func (s *session) drainThenClose() {
+	s.mu.Lock()
+	if s.draining {
+		s.mu.Unlock()
+		return
+	}
+	s.draining = true
+	s.mu.Unlock()
+	e := s.e
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout)
+		defer cancel()
+		s.streams.Wait(ctx, s.closed)
+		s.log.Info("session drained; closing", "inflight", s.streams.Count())
+		s.close()
+	}()
+}
+
+// endSession releases everything the session held and forgets it.
+func (e *Edge) endSession(s *session) {
+	s.close()
+	e.mu.Lock()
+	delete(e.sessions, s.id)
+	e.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for host, gen := range s.snapshot() {
+		if ok, err := e.store.Release(ctx, host, s.id, gen); err != nil {
+			s.log.Warn("release failed", "hostname", host, "err", err)
+		} else if ok {
+			s.log.Info("binding released", "hostname", host, "generation", gen)
+		}
+	}
+	s.log.Info("agent disconnected")
+}
+
+// evict fences prev's session for its hostname, tells it so, and drains it
+// when it holds nothing else.
+func (e *Edge) evict(prev registry.Binding) {
+	old := e.session(prev.SessionID)
+	if old == nil {
+		return
+	}
+	left := old.fence(prev.Hostname)
+	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		old.send(&mux.Evicted{Hostname: prev.Hostname, Reason: mux.ReasonTakeover})
+	}()
+	if left == 0 {
+		old.drainThenClose()
+	}
+}

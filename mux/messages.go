@@ -1,0 +1,91 @@
+package mux
+
+// Hello is the agent's first frame on the control stream.
+type Hello struct {
+	Version    int    `json:"version"`
+	InstanceID string `json:"instance_id"` // 32 hex characters, fixed for the agent process
+	Token      string `json:"token,omitempty"`
+	Agent      string `json:"agent,omitempty"` // software version, informational
+}
+
+// HelloOK accepts a hello and names the edge-assigned session.
+type HelloOK struct {
+	SessionID uint64 `json:"session_id"`
+	// HeartbeatTimeout is the edge's freshness window in milliseconds, so an
+	// agent can warn when its own interval is too long for it.
+	HeartbeatTimeoutMS int64 `json:"heartbeat_timeout_ms,omitempty"`
+}
+
+// Bind asks for a hostname. An empty Subdomain asks the edge for a random
+// unused one. Takeover is set on every bind after a reconnect.
+type Bind struct {
+	Subdomain string `json:"subdomain,omitempty"`
+	Takeover  bool   `json:"takeover,omitempty"`
+}
+
+// BindOK grants a binding.
+type BindOK struct {
+	Hostname   string `json:"hostname"`
+	URL        string `json:"url"`
+	Generation uint64 `json:"generation"`
+	// URLs lists every public URL of the binding (https first), when the
+	// edge serves more than one scheme.
+	URLs []string `json:"urls,omitempty"`
+}
+
+// BindError refuses a bind. It is final: the agent must not retry.
+type BindError struct {
+	Subdomain string `json:"subdomain,omitempty"`
+	Code      string `json:"code"`
+	Message   string `json:"message"`
+}
+
+// Heartbeat is sent by the agent every heartbeat interval.
+type Heartbeat struct {
+	Seq uint64 `json:"seq"`
+}
+
+// HeartbeatAck answers a heartbeat with the same sequence number.
+type HeartbeatAck struct {
+	Seq uint64 `json:"seq"`
+}
+
+// Evicted tells a session it no longer owns Hostname.
+type Evicted struct {
+	Hostname string `json:"hostname"`
+	Reason   string `json:"reason"`
+}
+
+// Unbind releases a hostname gracefully.
+type Unbind struct {
+	Hostname string `json:"hostname"`
+}
+
+// Unbound confirms an unbind.
+type Unbound struct {
+	Hostname string `json:"hostname"`
+}
+
+// GoAway announces that the edge is shutting down; the agent reconnects.
+type GoAway struct {
+	Reason string `json:"reason,omitempty"`
+}
+
+// Error is a fatal session-level refusal (for example an unauthorized hello).
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (*Hello) MessageType() Type        { return TypeHello }
+func (*HelloOK) MessageType() Type      { return TypeHelloOK }
+func (*Bind) MessageType() Type         { return TypeBind }
+func (*BindOK) MessageType() Type       { return TypeBindOK }
+func (*BindError) MessageType() Type    { return TypeBindError }
+func (*Heartbeat) MessageType() Type    { return TypeHeartbeat }
+func (*HeartbeatAck) MessageType() Type { return TypeHeartbeatAck }
+func (*Evicted) MessageType() Type      { return TypeEvicted }
+func (*Unbind) MessageType() Type       { return TypeUnbind }
+func (*Unbound) MessageType() Type      { return TypeUnbound }
+func (*GoAway) MessageType() Type       { return TypeGoAway }
+func (*Error) MessageType() Type        { return TypeError }

@@ -1,0 +1,70 @@
+package mux
+
+import (
+	"context"
+	"sync"
+)
+
+// Tracker counts a session's streams in flight so that a drain can wait for
+// them to end. The zero value is ready to use.
+type Tracker struct {
+	mu      sync.Mutex
+	n       int
+	waiters []chan struct{}
+}
+
+// Add records a stream starting.
+func (t *Tracker) Add() {
+	t.mu.Lock()
+	t.n++
+	t.mu.Unlock()
+}
+
+// Done records a stream ending.
+func (t *Tracker) Done() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n--
+	if t.n == 0 {
+		for _, w := range t.waiters {
+			close(w)
+		}
+		t.waiters = nil
+	}
+}
+
+// Count returns the streams in flight.
+func (t *Tracker) Count() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n
+}
+
+// Wait returns when no stream is in flight, ctx ends or stop closes.
+func (t *Tracker) Wait(ctx context.Context, stop <-chan struct{}) {
+	t.mu.Lock()
+	if t.n == 0 {
+		t.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	t.waiters = append(t.waiters, ch)
+	t.mu.Unlock()
+	select {
+	case <-ch:
+	case <-ctx.Done():
+	case <-stop:
+	}
+}
+
+// BufferPool recycles 32 KiB copy buffers; it satisfies
+// httputil.BufferPool.
+type BufferPool struct{}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// Get returns a buffer.
+func (BufferPool) Get() []byte { return *(copyBufs.Get().(*[]byte)) }
+
+// Put returns a buffer to the pool.
+func (BufferPool) Put(b []byte) { copyBufs.Put(&b) }

@@ -1,0 +1,72 @@
+package mux
+
+import (
+	"fmt"
+	"net/http"
+)
+
+// ErrorHeader names the header on every response that ngstone (edge or
+// agent) makes up itself rather than relays from the local service.
+const ErrorHeader = "Ngstone-Error"
+
+// Visitor error codes, the values of ErrorHeader.
+const (
+	CodeTunnelNotFound      = "tunnel_not_found"
+	CodeTunnelOffline       = "tunnel_offline"
+	CodeUpstreamUnreachable = "upstream_unreachable"
+	CodeUpstreamTimeout     = "upstream_timeout"
+	CodeTunnelInterrupted   = "tunnel_interrupted"
+	CodeTunnelTimeout       = "tunnel_timeout"
+	CodeBadHost             = "bad_host"
+	CodeMisdirected         = "misdirected_request"
+	CodeHeadersTooLarge     = "headers_too_large"
+	CodeBodyTooLarge        = "body_too_large"
+	CodeTooManyRequests     = "too_many_requests"
+)
+
+// visitorErrors maps each visitor error code to its status and a sentence
+// template naming the hostname. It is the one place codes meet statuses.
+var visitorErrors = map[string]struct {
+	status int
+	text   string
+}{
+	CodeTunnelNotFound:      {http.StatusNotFound, "no tunnel is bound to %s"},
+	CodeTunnelOffline:       {http.StatusServiceUnavailable, "the agent serving %s is offline; retry shortly"},
+	CodeUpstreamUnreachable: {http.StatusBadGateway, "the agent for %s could not connect to its local service"},
+	CodeUpstreamTimeout:     {http.StatusGatewayTimeout, "the local service behind %s sent no response in time"},
+	CodeTunnelInterrupted:   {http.StatusBadGateway, "the tunnel to %s was interrupted while the request was in flight"},
+	CodeTunnelTimeout:       {http.StatusGatewayTimeout, "the agent for %s sent no response in time"},
+	CodeBadHost:             {http.StatusBadRequest, "the request's Host %q is missing or malformed"},
+	CodeMisdirected:         {http.StatusMisdirectedRequest, "this connection was not made for %s"},
+	CodeHeadersTooLarge:     {http.StatusRequestHeaderFieldsTooLarge, "the request headers for %s are too large"},
+	CodeBodyTooLarge:        {http.StatusRequestEntityTooLarge, "the request body for %s is too large"},
+	CodeTooManyRequests:     {http.StatusServiceUnavailable, "the tunnel %s is at its limit of concurrent requests; retry shortly"},
+}
+
+// VisitorStatus returns the HTTP status of a visitor error code (502 for an
+// unknown code).
+func VisitorStatus(code string) int {
+	if e, ok := visitorErrors[code]; ok {
+		return e.status
+	}
+	return http.StatusBadGateway
+}
+
+// WriteVisitorError answers a visitor with code's status, the ErrorHeader
+// and a one-line body naming host. 503s carry Retry-After.
+func WriteVisitorError(w http.ResponseWriter, code, host string) {
+	e, ok := visitorErrors[code]
+	if !ok {
+		e = visitorErrors[CodeTunnelInterrupted]
+	}
+	h := w.Header()
+	h.Set(ErrorHeader, code)
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	if e.status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	w.WriteHeader(e.status)
+	fmt.Fprintf(w, e.text+" (%s)\n", host, code)
+}

@@ -1,0 +1,67 @@
+package mux
+
+import (
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/hashicorp/yamux"
+)
+
+// Config is the yamux tuning both sides share.
+type Config struct {
+	// KeepAliveInterval is yamux's ping interval; zero means 15s.
+	KeepAliveInterval time.Duration
+	// ConnectionWriteTimeout bounds one write to the connection; a path that
+	// stays blocked longer closes the session. Zero means 10s.
+	ConnectionWriteTimeout time.Duration
+	// StreamWindow is each stream's receive window in bytes; zero means 1 MiB.
+	// yamux's minimum is 256 KiB.
+	StreamWindow uint32
+	// AcceptBacklog bounds streams opened but not yet accepted; zero means 256.
+	AcceptBacklog int
+}
+
+// DefaultConfig returns the settings ngstone uses.
+func DefaultConfig() Config {
+	return Config{
+		KeepAliveInterval:      15 * time.Second,
+		ConnectionWriteTimeout: 10 * time.Second,
+		StreamWindow:           1 << 20,
+		AcceptBacklog:          256,
+	}
+}
+
+// Yamux returns a yamux configuration from c, filling zero fields with
+// defaults. Logs from yamux go to logOut (io.Discard when nil).
+func (c Config) Yamux(logOut io.Writer) (*yamux.Config, error) {
+	d := DefaultConfig()
+	if c.KeepAliveInterval <= 0 {
+		c.KeepAliveInterval = d.KeepAliveInterval
+	}
+	if c.ConnectionWriteTimeout <= 0 {
+		c.ConnectionWriteTimeout = d.ConnectionWriteTimeout
+	}
+	if c.StreamWindow == 0 {
+		c.StreamWindow = d.StreamWindow
+	}
+	if c.AcceptBacklog <= 0 {
+		c.AcceptBacklog = d.AcceptBacklog
+	}
+	if logOut == nil {
+		logOut = io.Discard
+	}
+	yc := yamux.DefaultConfig()
+	yc.EnableKeepAlive = true
+	yc.KeepAliveInterval = c.KeepAliveInterval
+	yc.ConnectionWriteTimeout = c.ConnectionWriteTimeout
+	yc.MaxStreamWindowSize = c.StreamWindow
+	yc.AcceptBacklog = c.AcceptBacklog
+	yc.StreamOpenTimeout = 30 * time.Second
+	yc.StreamCloseTimeout = 5 * time.Minute
+	yc.LogOutput = logOut
+	if err := yamux.VerifyConfig(yc); err != nil {
+		return nil, fmt.Errorf("yamux config: %w", err)
+	}
+	return yc, nil
+}

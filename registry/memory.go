@@ -1,0 +1,108 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Memory is the single-edge Store: a map under one mutex.
+type Memory struct {
+	live LivenessFunc
+	now  func() time.Time
+
+	mu       sync.Mutex
+	bindings map[string]Binding
+	// lastGen is shared by all hostnames, so a hostname released and bound
+	// again still gets a generation above every earlier one.
+	lastGen uint64
+}
+
+// NewMemory returns an empty store. live answers rule 2 versus rule 3; a nil
+// live treats every holder as live.
+func NewMemory(live LivenessFunc) *Memory {
+	if live == nil {
+		live = func(Binding) bool { return true }
+	}
+	return &Memory{live: live, now: time.Now, bindings: make(map[string]Binding)}
+}
+
+// Bind applies the binding rules to c under the store's lock. The liveness
+// function is called with the lock held, so it must not call back into m.
+func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
+	if c.Hostname == "" {
+		return Result{}, fmt.Errorf("registry: bind: empty hostname")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	old, held := m.bindings[c.Hostname]
+	outcome, err := m.decideLocked(old, held, c)
+	if err != nil {
+		return Result{}, err
+	}
+	if outcome == Unchanged {
+		return Result{Binding: old, Outcome: Unchanged}, nil
+	}
+	m.lastGen++
+	b := Binding{
+		Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
+		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: m.now(),
+	}
+	m.bindings[c.Hostname] = b
+	res := Result{Binding: b, Outcome: outcome}
+	if held {
+		res.Previous = &old
+	}
+	return res, nil
+}
+
+func (m *Memory) decideLocked(old Binding, held bool, c Claim) (Outcome, error) {
+	switch {
+	case !held:
+		return Created, nil
+	case c.Exclusive:
+		return 0, ErrTaken
+	case old.SessionID == c.SessionID && old.Node == c.Node && sameInstance(old, c):
+		return Unchanged, nil
+	case sameInstance(old, c):
+		return SameInstance, nil
+	case !m.live(old):
+		return DeadHolder, nil
+	}
+	return 0, ErrTaken
+}
+
+// Release is compare-and-delete on (session, generation).
+func (m *Memory) Release(_ context.Context, hostname string, sessionID, generation uint64) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.bindings[hostname]
+	if !ok || b.SessionID != sessionID || b.Generation != generation {
+		return false, nil
+	}
+	delete(m.bindings, hostname)
+	return true, nil
+}
+
+// Get returns hostname's binding.
+func (m *Memory) Get(_ context.Context, hostname string) (Binding, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	b, ok := m.bindings[hostname]
+	return b, ok, nil
+}
+
+// List returns every binding sorted by hostname.
+func (m *Memory) List(context.Context) ([]Binding, error) {
+	m.mu.Lock()
+	out := make([]Binding, 0, len(m.bindings))
+	for _, b := range m.bindings {
+		out = append(out, b)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Binding) int { return strings.Compare(a.Hostname, b.Hostname) })
+	return out, nil
+}

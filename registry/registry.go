@@ -1,0 +1,110 @@
+// Package registry decides who owns a public hostname.
+//
+// A bind for a hostname that is already held is resolved by three rules, in
+// order, atomically:
+//
+//  1. Same InstanceID and token: takeover at once, live holder or not.
+//  2. Different instance, holder dead: takeover.
+//  3. Different instance, holder live: refused with ErrTaken.
+//
+// Every successful bind or takeover gets a generation strictly greater than
+// any the hostname had before; it is the fencing token. Release is
+// compare-and-delete: it removes a binding only while the releasing session
+// and generation still own it, so a late cleanup never removes a newer owner.
+//
+// The package does no networking. Liveness is asked of the caller (Memory's
+// LivenessFunc), so a cluster store can answer it with leases instead.
+package registry
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Binding is one hostname's current owner.
+type Binding struct {
+	Hostname   string
+	InstanceID string
+	// TokenID identifies the token the owner presented (a digest, never the
+	// secret). An instance id presented with another token is another instance.
+	TokenID    string
+	SessionID  uint64
+	Node       string // the edge holding the session; empty on a single edge
+	Generation uint64
+	BoundAt    time.Time
+}
+
+// Claim asks for a hostname on behalf of one session.
+type Claim struct {
+	Hostname   string
+	InstanceID string
+	TokenID    string
+	SessionID  uint64
+	Node       string
+	// Exclusive binds only a hostname nobody holds, live or dead: used for
+	// random names, which must never take anything over.
+	Exclusive bool
+}
+
+// Outcome says which rule granted a bind.
+type Outcome int
+
+const (
+	// Created: nobody held the hostname.
+	Created Outcome = iota
+	// SameInstance: rule 1, taken back by the instance that held it.
+	SameInstance
+	// DeadHolder: rule 2, taken from another instance whose holder was dead.
+	DeadHolder
+	// Unchanged: the claiming session already held it; nothing moved.
+	Unchanged
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Created:
+		return "created"
+	case SameInstance:
+		return "same_instance"
+	case DeadHolder:
+		return "dead_holder"
+	case Unchanged:
+		return "unchanged"
+	}
+	return "unknown"
+}
+
+// Result is a granted bind.
+type Result struct {
+	Binding Binding
+	// Previous is the binding that was replaced, when another session held
+	// the hostname: that session must be evicted and fenced.
+	Previous *Binding
+	Outcome  Outcome
+}
+
+// ErrTaken is returned by Bind when rule 3 refuses the claim.
+var ErrTaken = errors.New("registry: hostname held by a live session of another instance")
+
+// Store holds the bindings. Every method is safe for concurrent use and each
+// applies the rules atomically.
+type Store interface {
+	// Bind applies the binding rules to c.
+	Bind(ctx context.Context, c Claim) (Result, error)
+	// Release deletes hostname only if sessionID at generation still owns
+	// it. It reports whether it deleted anything; releasing twice is fine.
+	Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error)
+	// Get returns the current binding of hostname.
+	Get(ctx context.Context, hostname string) (Binding, bool, error)
+	// List returns every binding, sorted by hostname.
+	List(ctx context.Context) ([]Binding, error)
+}
+
+// LivenessFunc reports whether the holder of b is live at the time of the call.
+type LivenessFunc func(b Binding) bool
+
+// sameInstance is rule 1's test: instance and token both match.
+func sameInstance(b Binding, c Claim) bool {
+	return b.InstanceID != "" && b.InstanceID == c.InstanceID && b.TokenID == c.TokenID
+}

@@ -70,6 +70,9 @@ func defaultValue(f *pflag.Flag) any {
 	if sv, ok := f.Value.(pflag.SliceValue); ok {
 		return sv.GetSlice()
 	}
+	if f.Value.Type() == "stringToString" {
+		return map[string]string{}
+	}
 	return f.DefValue
 }
 
@@ -143,6 +146,28 @@ func (l *loader) strings(key string) []string {
 		out = append(out, strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == ' ' })...)
 	}
 	return out
+}
+
+// stringMap reads a map given as KEY=VALUE flags, a YAML mapping, or an
+// environment variable of comma-separated KEY=VALUE pairs.
+func (l *loader) stringMap(key string) (map[string]string, error) {
+	raw := l.v.Get(key)
+	if s, ok := raw.(string); ok {
+		out := map[string]string{}
+		for _, kv := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' }) {
+			k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("%s %q: want KEY=VALUE pairs separated by commas", key, s)
+			}
+			out[k] = v
+		}
+		return out, nil
+	}
+	m, err := cast.ToStringMapStringE(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: want a mapping of KEY: VALUE", key)
+	}
+	return m, nil
 }
 
 // secret reads key, or the file named by key-file / NGSTONE_KEY_FILE.

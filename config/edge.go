@@ -34,6 +34,16 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Duration("tunnel-timeout", d.TunnelTimeout, "how long to wait for an agent's response headers (504 tunnel_timeout)")
 	fs.Duration("hello-timeout", d.HelloTimeout, "how long an agent has from connect to hello")
 	fs.Duration("shutdown-grace", d.ShutdownGrace, "how long a graceful shutdown waits for in-flight requests")
+	fs.String("acme-ca", "", "ACME directory URL (certmagic, autocert; default Let's Encrypt production: try a staging directory first)")
+	fs.String("acme-email", "", "ACME account contact address")
+	fs.String("acme-ca-root", "", "PEM file of roots to trust for the ACME server itself (private or test CA)")
+	fs.String("dns-provider", "", "DNS-01 provider for the wildcard certificate in certmagic mode: cloudflare or rfc2136")
+	fs.StringToString("dns-credentials", nil, "DNS provider settings KEY=VALUE (e.g. api_token=...; KEY_file=PATH reads a file; the provider's environment variables also work)")
+	fs.StringSlice("dns-resolvers", nil, "DNS servers HOST:PORT used to check DNS-01 propagation (default: the system's)")
+	fs.Duration("dns-propagation-timeout", 0, "bound on waiting for a DNS-01 record to appear (0 means 2m)")
+	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
+	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
+	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
 	return &Edge{l: newLoader(fs)}
 }
 
@@ -58,6 +68,18 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.TLS.CertFile = l.string("tls-cert")
 	cfg.TLS.KeyFile = l.string("tls-key")
 	cfg.TLS.DataDir = l.string("data-dir")
+	cfg.TLS.ACMECA = l.string("acme-ca")
+	cfg.TLS.ACMEEmail = l.string("acme-email")
+	cfg.TLS.ACMECARoot = l.string("acme-ca-root")
+	cfg.TLS.DNSProvider = l.string("dns-provider")
+	creds, err := l.stringMap("dns-credentials")
+	e.set(err)
+	cfg.TLS.DNSCredentials = creds
+	cfg.TLS.DNSResolvers = l.strings("dns-resolvers")
+	cfg.TLS.DNSPropagationTimeout = e.dur(l, "dns-propagation-timeout")
+	cfg.TLS.OnDemand = e.boolean(l, "on-demand")
+	cfg.TLS.OnDemandRateLimit = e.integer(l, "on-demand-rate-limit")
+	cfg.TLS.OnDemandRateWindow = e.dur(l, "on-demand-rate-window")
 	cfg.Tokens = l.strings("token")
 	cfg.ReservedNames = l.strings("reserved-names")
 	if cfg.ReservedNames == nil {

@@ -147,7 +147,7 @@ func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
+		ErrorLog:          e.certs.ErrorLog(),
 	}
 	e.servers = append(e.servers, srv)
 	e.wg.Add(1)

@@ -45,7 +45,12 @@ func (a *Agent) newUpstream() (*http.Transport, http.Handler) {
 		BufferPool:   mux.BufferPool{},
 		ErrorHandler: a.upstreamError,
 	}
-	return t, rp
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Bodies stream both ways at once, as they do at the edge.
+		http.NewResponseController(w).EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+	})
+	return t, h
 }
 
 // upstreamError maps a failed exchange with the local service to the

@@ -22,6 +22,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.String("https-addr", d.HTTPSAddr, "HTTPS visitor listener (empty disables)")
 	fs.String("control-addr", d.ControlAddr, "TLS listener for agents")
 	fs.String("admin-addr", d.AdminAddr, "admin API listener: /healthz, /metrics, /api/tunnels (empty disables)")
+	fs.String("admin-token", "", "bearer token the admin API requires except on /healthz (required when admin-addr is not loopback; NGSTONE_ADMIN_TOKEN_FILE reads it from a file)")
 	fs.String("tls-mode", d.TLS.Mode, "certificates: "+strings.Join(certs.Modes, ", "))
 	fs.String("tls-cert", "", "certificate PEM file (tls-mode files)")
 	fs.String("tls-key", "", "private key PEM file (tls-mode files)")
@@ -64,6 +65,9 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.HTTPSAddr = l.string("https-addr")
 	cfg.ControlAddr = l.string("control-addr")
 	cfg.AdminAddr = l.string("admin-addr")
+	adminToken, err := l.secret("admin-token")
+	e.set(err)
+	cfg.AdminToken = adminToken
 	cfg.TLS.Mode = l.string("tls-mode")
 	cfg.TLS.CertFile = l.string("tls-cert")
 	cfg.TLS.KeyFile = l.string("tls-key")

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"net/http"
 	"time"
@@ -29,9 +30,27 @@ func (e *Edge) adminHandler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte("ok"))
 	})
-	m.HandleFunc("GET /api/tunnels", e.listTunnels)
-	m.HandleFunc("GET /api/tunnels/{hostname}", e.getTunnel)
+	m.Handle("GET /metrics", e.requireToken(e.metrics.handler()))
+	m.Handle("GET /api/tunnels", e.requireToken(http.HandlerFunc(e.listTunnels)))
+	m.Handle("GET /api/tunnels/{hostname}", e.requireToken(http.HandlerFunc(e.getTunnel)))
 	return m
+}
+
+// requireToken answers 401 unless the request carries the admin token as
+// a bearer token; with no AdminToken configured it lets every request in.
+func (e *Edge) requireToken(next http.Handler) http.Handler {
+	if e.cfg.AdminToken == "" {
+		return next
+	}
+	want := []byte("Bearer " + e.cfg.AdminToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="ngstone admin"`)
+			http.Error(w, "unauthorized: send Authorization: Bearer <admin-token>", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (e *Edge) listTunnels(w http.ResponseWriter, r *http.Request) {

@@ -74,6 +74,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	if res.Previous != nil && res.Previous.SessionID != s.id {
 		e.evict(*res.Previous)
 	}
+	e.metrics.bound(res.Outcome)
 	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome, "takeover", takeover)
 	urls := e.URLs(host)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}

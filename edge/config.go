@@ -24,6 +24,12 @@ type Config struct {
 	ControlAddr string
 	// AdminAddr is the admin API listener; empty disables it.
 	AdminAddr string
+	// AdminToken, when set, is the bearer token every admin endpoint but
+	// /healthz requires. Empty leaves the admin API open, which Validate
+	// allows only on a loopback AdminAddr.
+	AdminToken string `json:"-"`
+	// Version and Commit label ngstone_build_info; empty means "dev" and "".
+	Version, Commit string
 	// TLS selects how certificates are obtained.
 	TLS certs.Config
 	// Tokens are the agent tokens accepted in hello. Empty means any agent
@@ -112,6 +118,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%s %q: want HOST:PORT or :PORT", flag, addr)
 		}
 	}
+	if c.AdminAddr != "" && c.AdminToken == "" && !isLoopbackAddr(c.AdminAddr) {
+		return fmt.Errorf("admin-addr %q is not a loopback address: set admin-token (NGSTONE_ADMIN_TOKEN) so the admin API is not open to the network", c.AdminAddr)
+	}
 	if c.DrainTimeout < 0 {
 		return fmt.Errorf("drain-timeout %s: must not be negative", c.DrainTimeout)
 	}
@@ -124,4 +133,18 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// isLoopbackAddr reports whether HOST:PORT listens on loopback only; an
+// empty host listens on every interface.
+func isLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -35,16 +35,18 @@ import (
 
 // Edge is one edge server. New builds it without I/O; Start binds and serves.
 type Edge struct {
-	cfg   Config
-	log   *slog.Logger
-	store registry.Store
-	certs *certs.Manager
-	proxy http.Handler
+	cfg     Config
+	log     *slog.Logger
+	store   registry.Store
+	certs   *certs.Manager
+	proxy   http.Handler
+	metrics *metrics
 
 	nextSession atomic.Uint64
 
 	mu       sync.Mutex
 	sessions map[uint64]*session
+	offline  []offlineBinding
 	closing  bool
 
 	listeners map[string]net.Listener
@@ -82,6 +84,7 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 	}
 	e.certs = m
 	e.proxy = e.newProxy()
+	e.metrics = newMetrics(e)
 	return e, nil
 }
 
@@ -124,10 +127,10 @@ func (e *Edge) listen() error {
 
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
-		e.serveHTTP(ln, e.certs.HTTPHandler(e.visitorHandler()), nil)
+		e.serveHTTP(ln, e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
-		e.serveHTTP(ln, e.visitorHandler(), e.certs.TLSConfig())
+		e.serveHTTP(ln, e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -266,6 +269,10 @@ func (e *Edge) Close() error {
 			s.close()
 		}
 		e.wg.Wait()
+		// A shared store outlives this edge: leave it nothing of ours.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		e.releaseOffline(ctx, time.Time{})
+		cancel()
 		e.certs.Close()
 		close(e.done)
 	})
@@ -329,6 +336,7 @@ func (e *Edge) reap(ctx context.Context) {
 					s.close()
 				}
 			}
+			e.releaseOffline(ctx, now)
 		}
 	}
 }
@@ -365,4 +373,11 @@ func (e *Edge) ReloadCertificates() {
 // CAFile returns the path of the self-signed CA's certificate.
 func (e *Edge) CAFile() string {
 	return filepath.Join(e.cfg.TLS.DataDir, certs.CAFile)
+}
+
+// Sessions returns how many agent sessions the edge holds now.
+func (e *Edge) Sessions() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.sessions)
 }

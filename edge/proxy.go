@@ -49,6 +49,9 @@ func (e *Edge) visitorHandler() http.Handler {
 			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
 			return
 		}
+		// Let bodies stream both ways at once, as the local service may
+		// answer while the visitor is still uploading.
+		http.NewResponseController(w).EnableFullDuplex()
 		ctx := context.WithValue(r.Context(), routeKey{}, route{s: s, hostname: host, generation: b.Generation})
 		e.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})

@@ -158,6 +158,7 @@ func (s *session) acceptHello(h *mux.Hello) error {
 	tokID, ok := e.checkToken(h.Token)
 	if !ok {
 		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
+		e.metrics.bindResult(mux.CodeUnauthorized)
 		return errors.New("unauthorized token")
 	}
 	s.instanceID, s.tokenID = h.InstanceID, tokID
@@ -227,7 +228,7 @@ func (s *session) handle(ctx context.Context, msg mux.Message) error {
 		s.lastBeat.Store(time.Now().UnixNano())
 		return s.send(&mux.HeartbeatAck{Seq: m.Seq})
 	case *mux.Bind:
-		return s.send(s.e.bind(ctx, s, m))
+		return s.send(s.e.metrics.bindReply(s.e.bind(ctx, s, m)))
 	case *mux.Unbind:
 		s.e.unbind(ctx, s, m.Hostname)
 		return s.send(&mux.Unbound{Hostname: m.Hostname})
@@ -331,22 +332,57 @@ func (s *session) drainThenClose() {
 	}()
 }
 
-// endSession releases everything the session held and forgets it.
+// endSession forgets the session. Bindings it still holds (it did not
+// unbind: the connection broke or went stale) stay registered, offline, for
+// one freshness window: visitors get 503 tunnel_offline with Retry-After
+// rather than 404 while the agent reconnects, its own instance takes the name
+// back at once (rule 1) and any other may take it (rule 2, holder dead).
+// Then they are released, compare-and-delete.
 func (e *Edge) endSession(s *session) {
 	s.close()
+	held := s.snapshot()
+	e.metrics.sessionEnd(e.endCause(s))
 	e.mu.Lock()
 	delete(e.sessions, s.id)
+	until := time.Now().Add(e.cfg.HeartbeatTimeout)
+	for host, gen := range held {
+		e.offline = append(e.offline, offlineBinding{host: host, session: s.id, gen: gen, until: until})
+	}
 	e.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	for host, gen := range s.snapshot() {
-		if ok, err := e.store.Release(ctx, host, s.id, gen); err != nil {
-			s.log.Warn("release failed", "hostname", host, "err", err)
-		} else if ok {
-			s.log.Info("binding released", "hostname", host, "generation", gen)
+	s.log.Info("agent disconnected", "offline_bindings", len(held))
+}
+
+// offlineBinding is a binding whose session ended without unbinding.
+type offlineBinding struct {
+	host    string
+	session uint64
+	gen     uint64
+	until   time.Time
+}
+
+// releaseOffline releases the offline bindings whose grace has passed (all
+// of them when now is zero).
+func (e *Edge) releaseOffline(ctx context.Context, now time.Time) {
+	e.mu.Lock()
+	var due []offlineBinding
+	keep := e.offline[:0]
+	for _, o := range e.offline {
+		if now.IsZero() || now.After(o.until) {
+			due = append(due, o)
+		} else {
+			keep = append(keep, o)
 		}
 	}
-	s.log.Info("agent disconnected")
+	e.offline = keep
+	e.mu.Unlock()
+	for _, o := range due {
+		ok, err := e.store.Release(ctx, o.host, o.session, o.gen)
+		if err != nil {
+			e.log.Warn("release failed", "hostname", o.host, "session", o.session, "err", err)
+		} else if ok {
+			e.log.Info("offline binding released", "hostname", o.host, "session", o.session, "generation", o.gen)
+		}
+	}
 }
 
 // evict fences prev's session for its hostname, tells it so, and drains it
@@ -356,6 +392,7 @@ func (e *Edge) evict(prev registry.Binding) {
 	if old == nil {
 		return
 	}
+	e.metrics.evicted()
 	left := old.fence(prev.Hostname)
 	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
 	e.wg.Add(1)

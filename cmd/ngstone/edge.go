@@ -30,6 +30,7 @@ Precedence: flags, environment, file, defaults.`,
 			return withCode(exitUsage, err)
 		}
 		log := newLogger(lc, os.Stderr)
+		cfg.Version, cfg.Commit = version, buildCommit()
 		e, err := edge.New(cfg, log)
 		if err != nil {
 			return withCode(exitUsage, err)

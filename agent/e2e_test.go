@@ -1,0 +1,345 @@
+package agent_test
+
+import (
+	"bufio"
+	"context"
+	"bytes"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// setup starts a backend, an edge and an agent bound to name.
+func setup(t *testing.T, name string) (*tunneltest.Backend, *tunneltest.Edge, *tunneltest.Agent) {
+	t.Helper()
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", b.Addr())
+	cfg.Subdomain = name
+	a := tunneltest.StartAgent(t, cfg)
+	a.WaitOnline(t)
+	return b, e, a
+}
+
+func get(t *testing.T, c *http.Client, url string) (*http.Response, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: read body: %v", url, err)
+	}
+	return resp, string(body)
+}
+
+func TestGetThroughHTTPSAndHTTP(t *testing.T) {
+	_, e, a := setup(t, "app")
+	st := a.Status()
+	if st.URL != "https://app."+tunneltest.Domain+":"+port(e.Addr("https")) {
+		t.Errorf("status URL = %q", st.URL)
+	}
+	c := e.Client()
+	for _, scheme := range []string{"https", "http"} {
+		resp, body := get(t, c, tunneltest.URL(scheme, "app", "/hello"))
+		if resp.StatusCode != 200 || body != "hello" {
+			t.Errorf("%s: status %d body %q", scheme, resp.StatusCode, body)
+		}
+		if scheme == "https" && resp.ProtoMajor != 2 {
+			t.Errorf("https: protocol %s, want HTTP/2 negotiated by ALPN", resp.Proto)
+		}
+	}
+	// Host matching ignores case, port and a trailing dot.
+	req, _ := http.NewRequest("GET", tunneltest.URL("http", "app", "/hello"), nil)
+	req.Host = "APP." + strings.ToUpper(tunneltest.Domain) + ".:8080"
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("mixed-case host with port and dot: status %d", resp.StatusCode)
+	}
+}
+
+func port(a net.Addr) string {
+	_, p, _ := net.SplitHostPort(a.String())
+	return p
+}
+
+func TestLargeBodiesByteExact(t *testing.T) {
+	_, e, _ := setup(t, "big")
+	c := e.Client()
+	const down, up = 32 << 20, 16 << 20
+	want := sha256.New()
+	io.Copy(want, tunneltest.Pattern(down))
+	resp, err := c.Get(tunneltest.URL("https", "big", "/download?n=33554432"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := sha256.New()
+	n, err := io.Copy(got, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != down || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("download: %d bytes, err %v, digest match %v", n, err, bytes.Equal(got.Sum(nil), want.Sum(nil)))
+	}
+
+	want.Reset()
+	io.Copy(want, tunneltest.Pattern(up))
+	resp, err = c.Post(tunneltest.URL("http", "big", "/echo"), "application/octet-stream", tunneltest.Pattern(up))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got.Reset()
+	n, err = io.Copy(got, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != up || !bytes.Equal(got.Sum(nil), want.Sum(nil)) {
+		t.Fatalf("upload echo: %d bytes, err %v", n, err)
+	}
+}
+
+// TestServerSentEventsStream proves events arrive one by one: the backend
+// sends event i+1 only after the client has read event i and acked it.
+func TestServerSentEventsStream(t *testing.T) {
+	_, e, _ := setup(t, "sse")
+	c := e.Client()
+	resp, err := c.Get(tunneltest.URL("https", "sse", "/sse?n=3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("event %d: %v", i, err)
+		}
+		if want := "data: event " + string(rune('0'+i)) + "\n"; line != want {
+			t.Fatalf("event %d: got %q want %q", i, line, want)
+		}
+		r.ReadString('\n') // blank line ending the event
+		if i < 2 {
+			ack, err := c.Get(tunneltest.URL("http", "sse", "/sse-ack"))
+			if err != nil {
+				t.Fatalf("ack %d: %v", i, err)
+			}
+			ack.Body.Close()
+		}
+	}
+}
+
+func TestUpgradeRoundTrip(t *testing.T) {
+	_, e, _ := setup(t, "ws")
+	conn, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: ws."+tunneltest.Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("status %d, want 101", resp.StatusCode)
+	}
+	io.WriteString(conn, "ping\n")
+	line, err := br.ReadString('\n')
+	if err != nil || line != "echo: ping\n" {
+		t.Fatalf("after upgrade: %q %v", line, err)
+	}
+}
+
+func TestForwardedHeadersFromEdge(t *testing.T) {
+	_, e, _ := setup(t, "fwd")
+	c := e.Client()
+	// Plain HTTP/1.1: HTTP/2 has no Connection header to test stripping with.
+	req, _ := http.NewRequest("GET", tunneltest.URL("http", "fwd", "/headers"), nil)
+	req.Header.Set("X-Forwarded-For", "6.6.6.6")
+	req.Header.Set("X-Forwarded-Host", "evil.example")
+	req.Header.Set("X-Forwarded-Proto", "gopher")
+	req.Header.Set("Connection", "X-Hop")
+	req.Header.Set("X-Hop", "must be stripped")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Host   string
+		Header http.Header
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	h := got.Header
+	if xff := h.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != "127.0.0.1" {
+		t.Errorf("X-Forwarded-For = %q, want exactly the edge-seen 127.0.0.1", xff)
+	}
+	if v := h.Get("X-Forwarded-Host"); v != "fwd."+tunneltest.Domain {
+		t.Errorf("X-Forwarded-Host = %q", v)
+	}
+	if v := h.Get("X-Forwarded-Proto"); v != "http" {
+		t.Errorf("X-Forwarded-Proto = %q", v)
+	}
+	if v := h.Get("X-Hop"); v != "" {
+		t.Errorf("hop-by-hop header X-Hop reached the backend: %q", v)
+	}
+	if got.Host != "fwd."+tunneltest.Domain {
+		t.Errorf("Host = %q, want the visitor's", got.Host)
+	}
+}
+
+func TestRandomName(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	a := tunneltest.StartAgent(t, e.AgentConfig("", b.Addr()))
+	st := a.WaitOnline(t)
+	name, _, _ := strings.Cut(st.Hostname, ".")
+	if len(name) < 8 || !strings.HasSuffix(st.Hostname, "."+tunneltest.Domain) {
+		t.Fatalf("random hostname %q", st.Hostname)
+	}
+	resp, body := get(t, e.Client(), tunneltest.URL("https", name, "/hello"))
+	if resp.StatusCode != 200 || body != "hello" {
+		t.Fatalf("status %d body %q", resp.StatusCode, body)
+	}
+}
+
+func wantError(t *testing.T, resp *http.Response, body string, status int, code, host string) {
+	t.Helper()
+	if resp.StatusCode != status || resp.Header.Get(mux.ErrorHeader) != code || !strings.Contains(body, host) {
+		t.Errorf("got %d %s=%q body %q; want %d %s naming %s", resp.StatusCode, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader), body, status, code, host)
+	}
+}
+
+func TestVisitorErrors(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	e := tunneltest.StartEdge(t, cfg)
+	c := e.Client()
+
+	// A closed port: nothing listens on the backend's address once closed.
+	dead := tunneltest.StartBackend(t)
+	deadAddr := dead.Addr()
+	dead.Close()
+
+	start := func(name, local string, mod func(*agent.Config)) {
+		ac := e.AgentConfig("", local)
+		ac.Subdomain = name
+		if mod != nil {
+			mod(&ac)
+		}
+		tunneltest.StartAgent(t, ac).WaitOnline(t)
+	}
+	start("unreach", deadAddr, nil)
+	start("slowup", b.Addr(), func(c *agent.Config) { c.UpstreamTimeout = 100 * time.Millisecond })
+	start("slowtun", b.Addr(), func(c *agent.Config) { c.UpstreamTimeout = 10 * time.Second })
+
+	cases := []struct {
+		name, url, host, code string
+		status                int
+	}{
+		{"not bound", tunneltest.URL("https", "nobody", "/"), "nobody." + tunneltest.Domain, mux.CodeTunnelNotFound, 404},
+		{"outside domain", "http://other.example/", "other.example", mux.CodeTunnelNotFound, 404},
+		{"upstream unreachable", tunneltest.URL("https", "unreach", "/"), "unreach." + tunneltest.Domain, mux.CodeUpstreamUnreachable, 502},
+		{"upstream timeout", tunneltest.URL("https", "slowup", "/hang"), "slowup." + tunneltest.Domain, mux.CodeUpstreamTimeout, 504},
+		{"tunnel timeout", tunneltest.URL("http", "slowtun", "/hang"), "slowtun." + tunneltest.Domain, mux.CodeTunnelTimeout, 504},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, body := get(t, c, tc.url)
+			wantError(t, resp, body, tc.status, tc.code, tc.host)
+		})
+	}
+}
+
+// TestTunnelInterrupted kills the agent's connection while a request is in
+// flight: the visitor gets 502 tunnel_interrupted at once.
+func TestTunnelInterrupted(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "cut"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	type result struct {
+		resp *http.Response
+		body string
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := e.Client().Get(tunneltest.URL("https", "cut", "/slow"))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{resp: resp, body: string(body)}
+	}()
+	<-b.Entered
+	p.Reset()
+	r := <-done
+	b.Release()
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	wantError(t, r.resp, r.body, 502, mux.CodeTunnelInterrupted, "cut."+tunneltest.Domain)
+}
+
+// TestTunnelOffline: the binding exists but its holder stopped heartbeating.
+func TestTunnelOffline(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = 300 * time.Millisecond
+	e := tunneltest.StartEdge(t, cfg)
+	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "off"
+	ac.HeartbeatTimeout = time.Minute // the agent does not notice: the edge must
+	a := tunneltest.StartAgent(t, ac)
+	a.WaitOnline(t)
+	p.Block()
+	tunneltest.Eventually(t, 5*time.Second, "the edge to see the holder offline", func() bool {
+		ts, _ := e.Tunnels(context.Background())
+		return len(ts) == 1 && !ts[0].Online
+	})
+	start := time.Now()
+	resp, body := get(t, e.Client(), tunneltest.URL("https", "off", "/hello"))
+	wantError(t, resp, body, 503, mux.CodeTunnelOffline, "off."+tunneltest.Domain)
+	if resp.Header.Get("Retry-After") == "" {
+		t.Error("503 without Retry-After")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("offline answer took %s; it must not hang", d)
+	}
+	p.Unblock()
+	a.Stop()
+	if err := a.Err(); err != nil && !errors.Is(err, agent.ErrEvicted) {
+		t.Logf("agent ended with %v", err)
+	}
+}

@@ -1,0 +1,123 @@
+// Command bench measures ngstone against the same backend reached directly:
+// small-GET rate and latency, 64 MiB transfers, memory and CPU of the edge
+// and the agent, and the time back in service after a connection reset and
+// after an edge outage. The edge and the agent run as child processes (the
+// ngstone binary, built on start), the visitors and the backend in this one;
+// everything talks over loopback.
+//
+//	go run ./bench            # the full run, a few minutes
+//	go run ./bench -quick     # a fast, rougher run
+//	go run ./bench -self -window 262144 -profile /tmp/prof -phases get
+//
+// It prints a Markdown table on stdout and its progress on stderr.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+type options struct {
+	quick    bool
+	dur      time.Duration
+	concs    []int
+	size     int64
+	xfers    int
+	tunnels  int
+	resets   int
+	outages  int
+	outage   time.Duration
+	bin      string
+	self     bool
+	window   uint
+	profile  string
+	phases   map[string]bool
+	keepTemp bool
+}
+
+func main() {
+	if role := os.Getenv(roleEnv); role != "" {
+		os.Exit(runRole(role, os.Args[1:]))
+	}
+	o := parseFlags()
+	raiseNoFile()
+	b, err := newBench(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	err = b.run()
+	b.close()
+	b.print(os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags() options {
+	var o options
+	var concs, phases string
+	var size int
+	flag.BoolVar(&o.quick, "quick", false, "a fast run: shorter load, fewer transfers, resets, outages and tunnels")
+	flag.DurationVar(&o.dur, "duration", 3*time.Second, "length of each small-GET run")
+	flag.StringVar(&concs, "conc", "1,16,64", "visitor concurrencies for small GETs")
+	flag.IntVar(&size, "size", 64, "transfer body size in MiB")
+	flag.IntVar(&o.xfers, "xfers", 5, "transfers per direction and path (median)")
+	flag.IntVar(&o.tunnels, "tunnels", 1000, "idle tunnels for edge memory per tunnel")
+	flag.IntVar(&o.resets, "resets", 10, "connection resets (median)")
+	flag.IntVar(&o.outages, "outages", 10, "edge outages (median)")
+	flag.DurationVar(&o.outage, "outage", 3*time.Second, "length of each edge outage")
+	flag.StringVar(&o.bin, "ngstone", "", "ngstone binary to run (default: build ./cmd/ngstone into a temporary directory)")
+	flag.BoolVar(&o.self, "self", false, "run the edge and agent from this binary (same packages), which allows -window and -profile")
+	flag.UintVar(&o.window, "window", 0, "yamux stream window in bytes for -self (0: the mux default)")
+	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
+	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run")
+	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
+	flag.Parse()
+	o.size = int64(size) << 20
+	for _, c := range strings.Split(concs, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: -conc %q: want positive integers\n", concs)
+			os.Exit(2)
+		}
+		o.concs = append(o.concs, n)
+	}
+	o.phases = map[string]bool{}
+	for _, p := range strings.Split(phases, ",") {
+		o.phases[strings.TrimSpace(p)] = true
+	}
+	if o.quick {
+		o.dur = min(o.dur, time.Second)
+		o.xfers = min(o.xfers, 3)
+		o.tunnels = min(o.tunnels, 200)
+		o.resets = min(o.resets, 5)
+		o.outages = min(o.outages, 3)
+	}
+	if o.profile != "" {
+		o.self = true
+	}
+	return o
+}
+
+// build compiles the ngstone binary into dir.
+func build(dir string) (string, error) {
+	out := filepath.Join(dir, "ngstone")
+	cmd := exec.Command("go", "build", "-o", out, "github.com/ngstone/ngstone/cmd/ngstone")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("build ngstone: %w", err)
+	}
+	return out, nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+format+"\n", args...)
+}

@@ -1,0 +1,77 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+	"syscall"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/edge"
+)
+
+// roleEnv names the environment variable under which the bench binary runs
+// as a child edge or agent (with -self): the same packages the ngstone
+// binary runs, plus a CPU profile and a yamux stream window of choice.
+const roleEnv = "NGSTONE_BENCH_ROLE"
+
+// runRole runs the edge or the agent until SIGTERM; it returns the exit code.
+func runRole(role string, args []string) int {
+	fs := flag.NewFlagSet(role, flag.ExitOnError)
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
+	window := fs.Uint("window", 0, "yamux stream window in bytes (0: the default)")
+	domain := fs.String("domain", "", "edge: domain")
+	httpAddr := fs.String("http-addr", "", "edge: HTTP listener")
+	httpsAddr := fs.String("https-addr", "", "edge: HTTPS listener")
+	ctrlAddr := fs.String("control-addr", "", "edge: control listener")
+	dataDir := fs.String("data-dir", "", "edge: data dir")
+	edgeAddr := fs.String("edge", "", "agent: edge control address")
+	caFile := fs.String("ca-file", "", "agent: CA file")
+	local := fs.String("local", "", "agent: local service")
+	sub := fs.String("subdomain", "", "agent: subdomain")
+	fs.Parse(args)
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer f.Close()
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
+	var err error
+	switch role {
+	case "edge":
+		cfg := edge.DefaultConfig()
+		cfg.Domain, cfg.HTTPAddr, cfg.HTTPSAddr, cfg.ControlAddr, cfg.AdminAddr = *domain, *httpAddr, *httpsAddr, *ctrlAddr, ""
+		cfg.TLS = certs.Config{Mode: certs.ModeSelfSigned, DataDir: *dataDir}
+		cfg.Mux.StreamWindow = uint32(*window)
+		var e *edge.Edge
+		if e, err = edge.New(cfg, nil); err == nil {
+			err = e.Run(ctx)
+		}
+	case "agent":
+		cfg := agent.DefaultConfig()
+		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain = *edgeAddr, *caFile, *local, *sub
+		cfg.Mux.StreamWindow = uint32(*window)
+		var a *agent.Agent
+		if a, err = agent.New(cfg, nil); err == nil {
+			err = a.Run(ctx)
+		}
+	default:
+		err = fmt.Errorf("unknown role %q", role)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,338 @@
+package edge
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// metrics is the edge's Prometheus instrumentation, on a registry of its
+// own (no global state, so several edges can live in one process). Counters
+// are incremented where things happen; what is current (sessions, tunnels,
+// streams, certificate expiry) is measured from the edge at scrape time.
+// No metric is labelled by hostname: that set is unbounded.
+type metrics struct {
+	reg         *prometheus.Registry
+	requests    *prometheus.CounterVec   // class, error_code
+	duration    *prometheus.HistogramVec // class
+	bytesIn     prometheus.Counter
+	bytesOut    prometheus.Counter
+	binds       *prometheus.CounterVec // result
+	evictions   prometheus.Counter
+	sessionEnds *prometheus.CounterVec // cause
+}
+
+// Session end causes, the values of ngstone_session_ends_total{cause}.
+const (
+	endShutdown         = "shutdown"          // the edge shut down
+	endEvicted          = "evicted"           // taken over, drained, closed
+	endHeartbeatTimeout = "heartbeat_timeout" // no heartbeat within the freshness window
+	endClosed           = "closed"            // the agent or the network closed it
+)
+
+// Bind results besides the bind error codes: ngstone_binds_total{result}.
+const (
+	bindOK       = "ok"
+	bindTakeover = "takeover"
+)
+
+// maxCertLabels bounds the per-certificate expiry series; past it (autocert,
+// on-demand) only the earliest expiry and the count are exposed.
+const maxCertLabels = 8
+
+func newMetrics(e *Edge) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ngstone_visitor_requests_total",
+			Help: "Visitor requests answered, by status class and Ngstone-Error code (empty when the local service answered).",
+		}, []string{"class", "error_code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "ngstone_visitor_request_duration_seconds",
+			Help:    "Time from a visitor request's arrival to the end of its response, by status class.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"class"}),
+		bytesIn: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ngstone_visitor_received_bytes_total",
+			Help: "Request body bytes (and upgraded-connection bytes) received from visitors.",
+		}),
+		bytesOut: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ngstone_visitor_sent_bytes_total",
+			Help: "Response body bytes (and upgraded-connection bytes) sent to visitors.",
+		}),
+		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ngstone_binds_total",
+			Help: "Bind attempts by result: ok, takeover, or the bind error code (subdomain_taken, invalid_name, reserved_name, unauthorized, ...).",
+		}, []string{"result"}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ngstone_evictions_total",
+			Help: "Sessions fenced off a hostname because another session took it over.",
+		}),
+		sessionEnds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ngstone_session_ends_total",
+			Help: "Agent sessions ended, by cause: closed, evicted, heartbeat_timeout, shutdown.",
+		}, []string{"cause"}),
+	}
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds)
+	m.reg.MustRegister(
+		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
+		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
+		gaugeFunc("ngstone_streams_active", "Visitor requests in flight on agent streams now.", func() float64 { return float64(e.stateNow().streams) }),
+		newCertCollector(e.certs, e.cfg.TLS),
+		buildInfo(e.cfg.Version, e.cfg.Commit),
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	for _, r := range []string{bindOK, bindTakeover, mux.CodeSubdomainTaken, mux.CodeInvalidName, mux.CodeReservedName, mux.CodeUnauthorized} {
+		m.binds.WithLabelValues(r) // present at zero, so rate() works from the start
+	}
+	for _, c := range []string{endClosed, endEvicted, endHeartbeatTimeout, endShutdown} {
+		m.sessionEnds.WithLabelValues(c)
+	}
+	return m
+}
+
+func gaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+}
+
+func buildInfo(version, commit string) prometheus.Gauge {
+	if version == "" {
+		version = "dev"
+	}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "ngstone_build_info",
+		Help:        "Always 1; the labels say which build runs.",
+		ConstLabels: prometheus.Labels{"version": version, "commit": commit, "goversion": runtime.Version()},
+	})
+	g.Set(1)
+	return g
+}
+
+// handler serves the registry in the Prometheus text format.
+func (m *metrics) handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// bindReply counts a bind refusal by its code and returns reply unchanged;
+// granted binds are counted by bound, which knows the outcome.
+func (m *metrics) bindReply(reply mux.Message) mux.Message {
+	if be, ok := reply.(*mux.BindError); ok {
+		m.bindResult(be.Code)
+	}
+	return reply
+}
+
+// bound counts a granted bind: a takeover when it replaced another holder.
+func (m *metrics) bound(o registry.Outcome) {
+	if o == registry.SameInstance || o == registry.DeadHolder {
+		m.bindResult(bindTakeover)
+		return
+	}
+	m.bindResult(bindOK)
+}
+
+func (m *metrics) bindResult(result string) { m.binds.WithLabelValues(result).Inc() }
+
+func (m *metrics) evicted() { m.evictions.Inc() }
+
+func (m *metrics) sessionEnd(cause string) { m.sessionEnds.WithLabelValues(cause).Inc() }
+
+// endCause says, from the edge's state, why session s is ending.
+func (e *Edge) endCause(s *session) string {
+	s.mu.Lock()
+	draining := s.draining
+	s.mu.Unlock()
+	switch {
+	case e.isClosing():
+		return endShutdown
+	case draining:
+		return endEvicted
+	case time.Since(time.Unix(0, s.lastBeat.Load())) > e.cfg.HeartbeatTimeout:
+		return endHeartbeatTimeout
+	}
+	return endClosed
+}
+
+// edgeState is what the edge holds at one moment.
+type edgeState struct{ sessions, tunnels, streams int }
+
+func (e *Edge) stateNow() edgeState {
+	e.mu.Lock()
+	sessions := e.sessionListLocked()
+	e.mu.Unlock()
+	st := edgeState{sessions: len(sessions)}
+	for _, s := range sessions {
+		s.mu.Lock()
+		st.tunnels += len(s.bindings)
+		s.mu.Unlock()
+		st.streams += s.streams.Count()
+	}
+	return st
+}
+
+// certCollector exposes certificate expiry read from the certs.Manager at
+// scrape time.
+type certCollector struct {
+	certs    *certs.Manager
+	perName  bool
+	expiry   *prometheus.Desc
+	earliest *prometheus.Desc
+	count    *prometheus.Desc
+}
+
+func newCertCollector(m *certs.Manager, cfg certs.Config) *certCollector {
+	return &certCollector{
+		certs: m,
+		// Autocert and on-demand issue one certificate per hostname.
+		perName: cfg.Mode != certs.ModeAutocert && !cfg.OnDemand,
+		expiry: prometheus.NewDesc("ngstone_certificate_expiry_timestamp_seconds",
+			"Expiry (NotAfter, unix seconds) of each certificate served, by its first name (domain or wildcard).", []string{"name"}, nil),
+		earliest: prometheus.NewDesc("ngstone_certificate_earliest_expiry_timestamp_seconds",
+			"Expiry (NotAfter, unix seconds) of the certificate served that expires first.", nil, nil),
+		count: prometheus.NewDesc("ngstone_certificates", "Certificates served.", nil, nil),
+	}
+}
+
+func (c *certCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.expiry
+	ch <- c.earliest
+	ch <- c.count
+}
+
+func (c *certCollector) Collect(ch chan<- prometheus.Metric) {
+	na := c.certs.NotAfter()
+	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(len(na)))
+	var first time.Time
+	for name, t := range na {
+		if first.IsZero() || t.Before(first) {
+			first = t
+		}
+		if c.perName && len(na) <= maxCertLabels {
+			ch <- prometheus.MustNewConstMetric(c.expiry, prometheus.GaugeValue, float64(t.Unix()), name)
+		}
+	}
+	if !first.IsZero() {
+		ch <- prometheus.MustNewConstMetric(c.earliest, prometheus.GaugeValue, float64(first.Unix()))
+	}
+}
+
+// visitorCodes are the Ngstone-Error values counted by name; anything else
+// a local service might send in that header counts as "other".
+var visitorCodes = map[string]bool{
+	mux.CodeTunnelNotFound: true, mux.CodeTunnelOffline: true, mux.CodeUpstreamUnreachable: true,
+	mux.CodeUpstreamTimeout: true, mux.CodeTunnelInterrupted: true, mux.CodeTunnelTimeout: true,
+	mux.CodeBadHost: true, mux.CodeMisdirected: true, mux.CodeHeadersTooLarge: true,
+	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true,
+}
+
+// instrument counts visitor requests, their duration and their bytes.
+func (m *metrics) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		if r.Body != nil && r.Body != http.NoBody {
+			r.Body = &countingBody{ReadCloser: r.Body, n: m.bytesIn}
+		}
+		cw := &countingWriter{ResponseWriter: w, m: m}
+		next.ServeHTTP(cw, r)
+		status := int(cw.status.Load())
+		if status == 0 {
+			status = http.StatusOK // the handler wrote nothing
+		}
+		class := strconv.Itoa(status/100) + "xx"
+		code, _ := cw.code.Load().(string)
+		m.requests.WithLabelValues(class, code).Inc()
+		m.duration.WithLabelValues(class).Observe(time.Since(start).Seconds())
+	})
+}
+
+type countingBody struct {
+	io.ReadCloser
+	n prometheus.Counter
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(float64(n))
+	return n, err
+}
+
+// countingWriter records the status and error code and counts body bytes.
+// It implements Flush and Hijack itself and unwraps for the rest, so
+// http.ResponseController (which the reverse proxy uses for streaming and
+// upgrades) reaches the real connection.
+type countingWriter struct {
+	http.ResponseWriter
+	m      *metrics
+	status atomic.Int32
+	code   atomic.Value // string
+}
+
+func (w *countingWriter) WriteHeader(status int) {
+	if status >= 200 || status == http.StatusSwitchingProtocols {
+		if w.status.CompareAndSwap(0, int32(status)) {
+			w.code.Store(errorCode(w.Header().Get(mux.ErrorHeader)))
+		}
+	}
+	w.ResponseWriter.WriteHeader(status)
+}
+
+func errorCode(h string) string {
+	if h == "" || visitorCodes[h] {
+		return h
+	}
+	return "other"
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.status.CompareAndSwap(0, http.StatusOK)
+	n, err := w.ResponseWriter.Write(p)
+	w.m.bytesOut.Add(float64(n))
+	return n, err
+}
+
+func (w *countingWriter) Flush() {
+	http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *countingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	w.status.CompareAndSwap(0, http.StatusSwitchingProtocols)
+	return &countingConn{Conn: c, m: w.m}, brw, nil
+}
+
+func (w *countingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// countingConn counts the bytes of an upgraded (hijacked) connection.
+type countingConn struct {
+	net.Conn
+	m *metrics
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.m.bytesIn.Add(float64(n))
+	return n, err
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.m.bytesOut.Add(float64(n))
+	return n, err
+}

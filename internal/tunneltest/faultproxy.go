@@ -1,0 +1,221 @@
+// Package tunneltest runs real edges, agents and a fault-injecting TCP proxy
+// on loopback for ngstone's tests, as net/http/httptest does for servers.
+package tunneltest
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// FaultProxy is a TCP proxy between an agent and the edge that can make its
+// paths silent without closing them, reset them, or delay their bytes.
+type FaultProxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	blocked bool
+	delay   time.Duration
+	links   map[*link]struct{}
+	closed  bool
+	wg      sync.WaitGroup
+}
+
+// link is one proxied connection: two directions, each a reader queueing
+// chunks and a writer releasing them when due.
+type link struct {
+	p     *FaultProxy
+	a, b  net.Conn
+	delay time.Duration // guarded by p.mu
+}
+
+type chunk struct {
+	data []byte
+	due  time.Time
+}
+
+// NewFaultProxy listens on a loopback port and forwards to target.
+func NewFaultProxy(target string) (*FaultProxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	p := &FaultProxy{ln: ln, target: target, links: map[*link]struct{}{}}
+	p.cond = sync.NewCond(&p.mu)
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+// Addr is the address agents dial.
+func (p *FaultProxy) Addr() string { return p.ln.Addr().String() }
+
+// Block makes every path silent: connections stay open, bytes (and new
+// connections' dials to the target) are held until Unblock.
+func (p *FaultProxy) Block() {
+	p.mu.Lock()
+	p.blocked = true
+	p.mu.Unlock()
+}
+
+// Unblock lets held and new bytes flow again, as when a network returns.
+func (p *FaultProxy) Unblock() {
+	p.mu.Lock()
+	p.blocked = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// DelayExisting delays every byte of the connections open now by d; new
+// connections are not delayed.
+func (p *FaultProxy) DelayExisting(d time.Duration) {
+	p.mu.Lock()
+	for l := range p.links {
+		l.delay = d
+	}
+	p.mu.Unlock()
+}
+
+// Reset closes every open connection abruptly (RST).
+func (p *FaultProxy) Reset() {
+	p.mu.Lock()
+	links := make([]*link, 0, len(p.links))
+	for l := range p.links {
+		links = append(links, l)
+	}
+	p.mu.Unlock()
+	for _, l := range links {
+		l.reset()
+	}
+}
+
+// Links returns how many connections are open.
+func (p *FaultProxy) Links() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.links)
+}
+
+// Close stops the proxy, resets every connection and waits for its goroutines.
+func (p *FaultProxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.blocked = false
+	p.cond.Broadcast()
+	p.mu.Unlock()
+	p.ln.Close()
+	p.Reset()
+	p.wg.Wait()
+}
+
+func (p *FaultProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+// waitOpen blocks while the proxy is blocked; false once it is closed.
+func (p *FaultProxy) waitOpen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.blocked && !p.closed {
+		p.cond.Wait()
+	}
+	return !p.closed
+}
+
+func (p *FaultProxy) serve(a net.Conn) {
+	defer p.wg.Done()
+	if !p.waitOpen() {
+		a.Close()
+		return
+	}
+	b, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	if err != nil {
+		a.Close()
+		return
+	}
+	l := &link{p: p, a: a, b: b}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		l.reset()
+		return
+	}
+	p.links[l] = struct{}{}
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); l.pipe(a, b) }()
+	go func() { defer wg.Done(); l.pipe(b, a) }()
+	wg.Wait()
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
+	l.reset()
+}
+
+// pipe copies src to dst through a queue, so that a delay shifts bytes in
+// time without slowing the reader.
+func (l *link) pipe(src, dst net.Conn) {
+	q := make(chan chunk, 1024)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range q {
+			if d := time.Until(c.due); d > 0 {
+				time.Sleep(d) // the simulated network delay itself
+			}
+			if !l.p.waitOpen() {
+				return
+			}
+			if _, err := dst.Write(c.data); err != nil {
+				l.reset()
+				return
+			}
+		}
+		if tc, ok := dst.(*net.TCPConn); ok {
+			tc.CloseWrite()
+		}
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			l.p.mu.Lock()
+			d := l.delay
+			l.p.mu.Unlock()
+			select {
+			case q <- chunk{data: append([]byte(nil), buf[:n]...), due: time.Now().Add(d)}:
+			case <-done:
+			}
+		}
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				l.reset()
+			}
+			close(q)
+			<-done
+			return
+		}
+	}
+}
+
+func (l *link) reset() {
+	for _, c := range []net.Conn{l.a, l.b} {
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetLinger(0)
+		}
+		c.Close()
+	}
+}

@@ -1,0 +1,226 @@
+package tunneltest
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+)
+
+// Domain is the edge domain tests use.
+const Domain = "ngstone.test"
+
+// Logger returns a logger for tests: discarded unless NGSTONE_TEST_LOG is
+// set, then text to stderr at debug level.
+func Logger() *slog.Logger {
+	if os.Getenv("NGSTONE_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// EdgeConfig returns an edge configuration on loopback ports with
+// millisecond-scale durations.
+func EdgeConfig(t testing.TB) edge.Config {
+	cfg := edge.DefaultConfig()
+	cfg.Domain = Domain
+	cfg.HTTPAddr = "127.0.0.1:0"
+	cfg.HTTPSAddr = "127.0.0.1:0"
+	cfg.ControlAddr = "127.0.0.1:0"
+	cfg.AdminAddr = "127.0.0.1:0"
+	cfg.TLS.DataDir = t.TempDir()
+	cfg.HeartbeatTimeout = 2 * time.Second
+	cfg.DrainTimeout = 2 * time.Second
+	cfg.HelloTimeout = 2 * time.Second
+	cfg.ShutdownGrace = 2 * time.Second
+	return cfg
+}
+
+// Edge is a running edge with helpers to reach it.
+type Edge struct {
+	*edge.Edge
+	Config edge.Config
+	Roots  *x509.CertPool
+}
+
+// StartEdge starts an edge from cfg and closes it at the end of the test.
+func StartEdge(t testing.TB, cfg edge.Config) *Edge {
+	t.Helper()
+	e, err := edge.New(cfg, Logger().With("side", "edge"))
+	if err != nil {
+		t.Fatalf("edge.New: %v", err)
+	}
+	if err := e.Start(context.Background()); err != nil {
+		t.Fatalf("edge.Start: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	pem, err := os.ReadFile(e.CAFile())
+	if err != nil {
+		t.Fatalf("read CA: %v", err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	return &Edge{Edge: e, Config: cfg, Roots: roots}
+}
+
+// AgentConfig returns an agent configuration for edge addr and local with
+// millisecond-scale durations.
+func (e *Edge) AgentConfig(edgeAddr, local string) agent.Config {
+	cfg := agent.DefaultConfig()
+	cfg.Edge = edgeAddr
+	if cfg.Edge == "" {
+		cfg.Edge = e.Addr("control").String()
+	}
+	cfg.Local = local
+	cfg.RootCAs = e.Roots
+	cfg.HeartbeatInterval = 50 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Second
+	cfg.DialTimeout = time.Second
+	cfg.BackoffBase = 100 * time.Millisecond
+	cfg.BackoffCap = time.Second
+	cfg.DrainTimeout = 2 * time.Second
+	cfg.UpstreamDialTimeout = time.Second
+	return cfg
+}
+
+// Agent is a running agent.
+type Agent struct {
+	*agent.Agent
+	cancel context.CancelFunc
+	done   chan struct{}
+	err    error
+
+	mu      sync.Mutex
+	history []agent.Status
+	changed chan struct{}
+}
+
+// StartAgent runs an agent until the test ends (or Stop).
+func StartAgent(t testing.TB, cfg agent.Config) *Agent {
+	t.Helper()
+	ta := &Agent{done: make(chan struct{}), changed: make(chan struct{})}
+	prev := cfg.OnStatus
+	cfg.OnStatus = func(s agent.Status) {
+		ta.mu.Lock()
+		ta.history = append(ta.history, s)
+		close(ta.changed)
+		ta.changed = make(chan struct{})
+		ta.mu.Unlock()
+		if prev != nil {
+			prev(s)
+		}
+	}
+	a, err := agent.New(cfg, Logger().With("side", "agent"))
+	if err != nil {
+		t.Fatalf("agent.New: %v", err)
+	}
+	ta.Agent = a
+	ctx, cancel := context.WithCancel(context.Background())
+	ta.cancel = cancel
+	go func() {
+		defer close(ta.done)
+		ta.err = a.Run(ctx)
+	}()
+	t.Cleanup(func() { ta.Stop() })
+	return ta
+}
+
+// Stop cancels the agent (a graceful unbind) and returns Run's error.
+func (a *Agent) Stop() error {
+	a.cancel()
+	<-a.done
+	return a.err
+}
+
+// Done is closed when Run has returned.
+func (a *Agent) Done() <-chan struct{} { return a.done }
+
+// Err is Run's error once Done is closed.
+func (a *Agent) Err() error {
+	<-a.done
+	return a.err
+}
+
+// WaitStatus waits until the agent's status satisfies ok, or fails the test.
+func (a *Agent) WaitStatus(t testing.TB, timeout time.Duration, what string, ok func(agent.Status) bool) agent.Status {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		a.mu.Lock()
+		ch := a.changed
+		a.mu.Unlock()
+		if s := a.Status(); ok(s) {
+			return s
+		}
+		select {
+		case <-ch:
+		case <-a.done:
+			if s := a.Status(); ok(s) {
+				return s
+			}
+			t.Fatalf("agent stopped (err %v) before %s; status %+v", a.err, what, a.Status())
+		case <-deadline:
+			t.Fatalf("timed out after %s waiting for %s; status %+v", timeout, what, a.Status())
+		}
+	}
+}
+
+// WaitOnline waits for the agent to be online.
+func (a *Agent) WaitOnline(t testing.TB) agent.Status {
+	t.Helper()
+	return a.WaitStatus(t, 10*time.Second, "online", func(s agent.Status) bool { return s.State == agent.StateOnline })
+}
+
+// Client returns an HTTP client that sends every request to the edge's
+// listener for the URL's scheme, whatever host it names, trusting the
+// edge's CA. Connections are not reused across tests.
+func (e *Edge) Client() *http.Client {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return d.DialContext(ctx, network, e.addrFor(addr))
+		},
+		TLSClientConfig:   &tls.Config{RootCAs: e.Roots},
+		ForceAttemptHTTP2: true,
+	}
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// addrFor maps a URL's host:port to the edge listener: port 443 means the
+// HTTPS listener, anything else the HTTP one.
+func (e *Edge) addrFor(addr string) string {
+	_, port, _ := net.SplitHostPort(addr)
+	if port == "443" {
+		return e.Addr("https").String()
+	}
+	return e.Addr("http").String()
+}
+
+// URL returns scheme://NAME.Domain/path with the default port, which
+// Client maps to the right listener.
+func URL(scheme, name, path string) string {
+	return fmt.Sprintf("%s://%s.%s%s", scheme, name, Domain, path)
+}
+
+// Eventually polls cond every few milliseconds until it holds or timeout.
+func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+

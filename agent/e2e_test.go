@@ -2,8 +2,8 @@ package agent_test
 
 import (
 	"bufio"
-	"context"
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/json"
 	"errors"

@@ -80,7 +80,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, err
 	}
-	ys, err := yamux.Client(nc, yc)
+	ys, err := yamux.Client(mux.Coalesce(nc), yc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)

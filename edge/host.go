@@ -38,7 +38,7 @@ func NormalizeHost(h string) (string, error) {
 			return "", fmt.Errorf("%w: character %q", ErrBadHost, c)
 		}
 	}
-	if strings.HasPrefix(h, ".") || strings.Contains(h, "..") {
+	if strings.HasPrefix(h, ".") || strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
 		return "", fmt.Errorf("%w: empty label", ErrBadHost)
 	}
 	return h, nil

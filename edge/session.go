@@ -102,7 +102,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ys, err := yamux.Server(c, yc)
+	ys, err := yamux.Server(mux.Coalesce(c), yc)
 	if err != nil {
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
@@ -398,9 +398,10 @@ func (e *Edge) evict(prev registry.Binding) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
+		// Tell it before closing it, so the agent learns why.
 		old.send(&mux.Evicted{Hostname: prev.Hostname, Reason: mux.ReasonTakeover})
+		if left == 0 {
+			old.drainThenClose()
+		}
 	}()
-	if left == 0 {
-		old.drainThenClose()
-	}
 }

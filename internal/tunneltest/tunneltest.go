@@ -223,4 +223,3 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 		time.Sleep(5 * time.Millisecond)
 	}
 }
-

@@ -1,0 +1,350 @@
+package agent_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net/http"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+func newProxy(t *testing.T, e *tunneltest.Edge) *tunneltest.FaultProxy {
+	t.Helper()
+	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func tunnel(t *testing.T, e *tunneltest.Edge, host string) edge.Tunnel {
+	t.Helper()
+	ts, err := e.Tunnels(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tn := range ts {
+		if tn.Hostname == host {
+			return tn
+		}
+	}
+	t.Fatalf("no tunnel %s in %+v", host, ts)
+	return edge.Tunnel{}
+}
+
+// quickGet does one bounded GET and reports its status (0 on error).
+func quickGet(c *http.Client, url string) (int, string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, ""
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestPartitionGetsNameBack: the path goes silent while the edge still
+// believes the old session live; when the network returns, the same agent
+// has its name back at once, with the same instance, a new session and a
+// higher generation, without waiting for the edge's detection window.
+func TestPartitionGetsNameBack(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = time.Minute // the edge will not notice the partition
+	e := tunneltest.StartEdge(t, cfg)
+	p := newProxy(t, e)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "part"
+	ac.HeartbeatTimeout = 300 * time.Millisecond
+	ac.DialTimeout = 500 * time.Millisecond
+	ac.BackoffBase = 500 * time.Millisecond // production default
+	ac.BackoffCap = 30 * time.Second
+	a := tunneltest.StartAgent(t, ac)
+	before := a.WaitOnline(t)
+	host := "part." + tunneltest.Domain
+
+	p.Block()
+	a.WaitStatus(t, 5*time.Second, "the agent to notice", func(s agent.Status) bool { return s.State == agent.StateReconnecting })
+	time.Sleep(time.Second) // the partition lasts a while (this is the fault, not a wait for a condition)
+	if tn := tunnel(t, e, host); !tn.Online || tn.SessionID != before.SessionID {
+		t.Fatalf("the edge should still believe the zombie live: %+v", tn)
+	}
+
+	p.Unblock()
+	back := time.Now()
+	c := e.Client()
+	tunneltest.Eventually(t, 5*time.Second, "a visitor request to succeed", func() bool {
+		code, _ := quickGet(c, tunneltest.URL("https", "part", "/hello"))
+		return code == 200
+	})
+	took := time.Since(back)
+	t.Logf("network return to first successful visitor request: %s", took.Round(time.Millisecond))
+
+	tn := tunnel(t, e, host)
+	if tn.InstanceID != a.InstanceID() || tn.SessionID == before.SessionID || tn.Generation <= before.Generation || !tn.Online {
+		t.Fatalf("after return: %+v; before: session %d generation %d instance %s", tn, before.SessionID, before.Generation, a.InstanceID())
+	}
+	if took > 5*time.Second {
+		t.Errorf("took %s to serve again", took)
+	}
+}
+
+func TestDifferentAgentRefusedWhileLive(t *testing.T) {
+	_, e, a := setup(t, "taken")
+	b2 := tunneltest.StartBackend(t)
+	ac := e.AgentConfig("", b2.Addr())
+	ac.Subdomain = "taken"
+	other := tunneltest.StartAgent(t, ac)
+	err := other.Err()
+	var re *agent.RefusedError
+	if !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken || re.Message == "" {
+		t.Fatalf("second agent: err %v, want subdomain_taken with a message", err)
+	}
+	if st := other.Status(); st.State != agent.StateFailed {
+		t.Errorf("second agent state %s", st.State)
+	}
+	if tn := tunnel(t, e, "taken."+tunneltest.Domain); tn.InstanceID != a.InstanceID() {
+		t.Errorf("holder changed: %+v", tn)
+	}
+}
+
+// TestStaleHolderTakenOver: the holder goes silent; once the edge sees it
+// dead, a different agent takes the name. When the old holder wakes up it
+// exits with a final error, and its cleanup leaves the new binding alone.
+func TestStaleHolderTakenOver(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = 300 * time.Millisecond
+	e := tunneltest.StartEdge(t, cfg)
+	p := newProxy(t, e)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "stale"
+	ac.HeartbeatTimeout = time.Minute // frozen: it does not notice anything
+	old := tunneltest.StartAgent(t, ac)
+	old.WaitOnline(t)
+	host := "stale." + tunneltest.Domain
+
+	p.Block()
+	tunneltest.Eventually(t, 5*time.Second, "the holder to be seen dead", func() bool {
+		return !tunnel(t, e, host).Online
+	})
+	nc := e.AgentConfig("", b.Addr())
+	nc.Subdomain = "stale"
+	newer := tunneltest.StartAgent(t, nc)
+	st := newer.WaitOnline(t)
+
+	p.Unblock()
+	select {
+	case <-old.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the woken old holder did not exit")
+	}
+	err := old.Err()
+	var re *agent.RefusedError
+	if !errors.Is(err, agent.ErrEvicted) && !(errors.As(err, &re) && re.Code == mux.CodeSubdomainTaken) {
+		t.Fatalf("old holder exited with %v, want evicted or subdomain_taken", err)
+	}
+	if s := old.Status(); s.URL != "" {
+		t.Errorf("old holder still advertises %s", s.URL)
+	}
+	// Its session is gone from the edge and its offline grace has passed:
+	// the new binding must be intact.
+	tunneltest.Eventually(t, 5*time.Second, "the old session to be gone", func() bool { return e.Sessions() == 1 })
+	time.Sleep(2 * cfg.HeartbeatTimeout) // past the offline grace of the old session's bindings
+	tn := tunnel(t, e, host)
+	if tn.InstanceID != newer.InstanceID() || tn.Generation != st.Generation || !tn.Online {
+		t.Fatalf("new owner's binding disturbed: %+v (want generation %d)", tn, st.Generation)
+	}
+	if code, _ := quickGet(e.Client(), tunneltest.URL("https", "stale", "/hello")); code != 200 {
+		t.Fatalf("new owner not serving: %d", code)
+	}
+}
+
+// TestInFlightSurvivesTakeover: the old path's bytes are delayed past the
+// agent's heartbeat timeout, so it reconnects on a new path and takes its
+// name over while the response is still on its way on the old one.
+func TestInFlightSurvivesTakeover(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = time.Minute
+	cfg.DrainTimeout = 5 * time.Second
+	e := tunneltest.StartEdge(t, cfg)
+	p := newProxy(t, e)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "flight"
+	ac.HeartbeatTimeout = 300 * time.Millisecond
+	ac.DrainTimeout = 5 * time.Second
+	a := tunneltest.StartAgent(t, ac)
+	first := a.WaitOnline(t)
+
+	type result struct {
+		code int
+		body string
+		err  error
+		at   time.Time
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := e.Client().Get(tunneltest.URL("https", "flight", "/slow"))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{code: resp.StatusCode, body: string(body), at: time.Now()}
+	}()
+	<-b.Entered
+	p.DelayExisting(1500 * time.Millisecond)
+	b.Release()
+	second := a.WaitStatus(t, 5*time.Second, "a takeover on a new session", func(s agent.Status) bool {
+		return s.State == agent.StateOnline && s.Generation > first.Generation
+	})
+	tookOver := time.Now()
+	r := <-done
+	if r.err != nil || r.code != 200 || r.body != "slow done" {
+		t.Fatalf("in-flight request: %d %q %v", r.code, r.body, r.err)
+	}
+	if !r.at.After(tookOver) {
+		t.Fatalf("the response arrived before the takeover; the test did not exercise the drain")
+	}
+	if second.SessionID == first.SessionID {
+		t.Fatal("no new session")
+	}
+}
+
+// TestRepeatedResets: 30 resets in a row leave one session and one
+// binding, and no goroutine growth.
+func TestRepeatedResets(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	p := newProxy(t, e)
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain = "resets"
+	a := tunneltest.StartAgent(t, ac)
+	st := a.WaitOnline(t)
+	c := e.Client()
+	var base int
+	for i := range 30 {
+		p.Reset()
+		prev := st.SessionID
+		st = a.WaitStatus(t, 10*time.Second, "online on a new session", func(s agent.Status) bool {
+			return s.State == agent.StateOnline && s.SessionID != prev
+		})
+		if i == 0 {
+			tunneltest.Eventually(t, 5*time.Second, "one session", func() bool { return e.Sessions() == 1 })
+			base = runtime.NumGoroutine()
+		}
+	}
+	tunneltest.Eventually(t, 5*time.Second, "exactly one session", func() bool { return e.Sessions() == 1 })
+	ts, _ := e.Tunnels(context.Background())
+	if len(ts) != 1 || ts[0].SessionID != st.SessionID || !ts[0].Online {
+		t.Fatalf("tunnels after resets: %+v (agent session %d)", ts, st.SessionID)
+	}
+	if code, _ := quickGet(c, tunneltest.URL("https", "resets", "/hello")); code != 200 {
+		t.Fatalf("not serving after resets: %d", code)
+	}
+	c.CloseIdleConnections()
+	tunneltest.Eventually(t, 5*time.Second, "goroutines back to their level", func() bool {
+		return runtime.NumGoroutine() <= base+5
+	})
+}
+
+// rawSession is a hand-driven agent session, for protocol-level tests.
+type rawSession struct {
+	ys   *yamux.Session
+	ctrl *yamux.Stream
+}
+
+func dialRaw(t *testing.T, e *tunneltest.Edge, instance string) *rawSession {
+	t.Helper()
+	c, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ys, err := yamux.Client(c, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ys.Close() })
+	ctrl, err := ys.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: instance}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v %v", m, err)
+	}
+	return &rawSession{ys: ys, ctrl: ctrl}
+}
+
+// TestSameInstanceRace: two sessions of one instance bind one name at the
+// same time: both succeed (no subdomain_taken), the later generation owns
+// it, and the other session is told it was evicted.
+func TestSameInstanceRace(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	id := agent.NewInstanceID()
+	for round := range 20 {
+		s1, s2 := dialRaw(t, e, id), dialRaw(t, e, id)
+		oks := make([]*mux.BindOK, 2)
+		var wg sync.WaitGroup
+		for i, s := range []*rawSession{s1, s2} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				mux.Write(s.ctrl, &mux.Bind{Subdomain: "race", Takeover: true})
+				for {
+					m, err := mux.Read(s.ctrl)
+					if err != nil {
+						return
+					}
+					switch m := m.(type) {
+					case *mux.BindOK:
+						oks[i] = m
+						return
+					case *mux.BindError:
+						t.Errorf("round %d: session %d refused: %s", round, i, m.Code)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		if oks[0] == nil || oks[1] == nil {
+			t.Fatalf("round %d: binds %+v", round, oks)
+		}
+		loser := s1
+		if oks[0].Generation > oks[1].Generation {
+			loser = s2
+		}
+		loser.ctrl.SetReadDeadline(time.Now().Add(5 * time.Second))
+		m, err := mux.Read(loser.ctrl)
+		ev, ok := m.(*mux.Evicted)
+		if err != nil || !ok || ev.Hostname != "race."+tunneltest.Domain || ev.Reason != mux.ReasonTakeover {
+			t.Fatalf("round %d: loser got %v %v, want evicted", round, m, err)
+		}
+		tn := tunnel(t, e, "race."+tunneltest.Domain)
+		if want := max(oks[0].Generation, oks[1].Generation); tn.Generation != want {
+			t.Fatalf("round %d: owner generation %d, want %d", round, tn.Generation, want)
+		}
+		s1.ys.Close()
+		s2.ys.Close()
+	}
+}

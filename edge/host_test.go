@@ -1,0 +1,132 @@
+package edge
+
+import (
+	"errors"
+	"net"
+	"strings"
+	"testing"
+)
+
+func TestNormalizeHost(t *testing.T) {
+	long := strings.Repeat("a.", 126) + "b" // 253 characters
+	tests := map[string]struct {
+		in, want string // want "" means ErrBadHost
+	}{
+		"plain":                 {"app.example.com", "app.example.com"},
+		"upper case":            {"App.Example.COM", "app.example.com"},
+		"port":                  {"app.example.com:8443", "app.example.com"},
+		"trailing dot":          {"app.example.com.", "app.example.com"},
+		"trailing dot and port": {"APP.example.com.:80", "app.example.com"},
+		"single label":          {"localhost", "localhost"},
+		"ipv4":                  {"127.0.0.1", "127.0.0.1"},
+		"ipv4 and port":         {"127.0.0.1:8080", "127.0.0.1"},
+		"ipv6 and port":         {"[::1]:80", "::1"},
+		"ipv6 in brackets":      {"[::1]", "::1"},
+		"bare ipv6":             {"::1", "::1"},
+		"ipv6 upper case":       {"[FE80::ABCD]:443", "fe80::abcd"},
+		"ipv4-mapped ipv6":      {"[::ffff:127.0.0.1]", "127.0.0.1"},
+		"253 characters":        {long, long},
+		"253 and trailing dot":  {long + ".", long},
+		"empty":                 {"", ""},
+		"only a port":           {":80", ""},
+		"only a dot":            {".", ""},
+		"two trailing dots":     {"app.example.com..", ""},
+		"two dots and port":     {"app..:80", ""},
+		"empty label":           {"app..example.com", ""},
+		"leading dot":           {".example.com", ""},
+		"double dot":            {"..", ""},
+		"254 characters":        {"c" + long, ""},
+		"space":                 {"app example.com", ""},
+		"underscore":            {"my_app.example.com", ""},
+		"slash":                 {"app.example.com/x", ""},
+		"at sign":               {"user@app.example.com", ""},
+		"non-ascii":             {"évil.example.com", ""},
+		"nul":                   {"app\x00.example.com", ""},
+		"crlf":                  {"app.example.com\r\nX: y", ""},
+		"unclosed bracket":      {"[::1", ""},
+		"ipv6 zone":             {"[fe80::1%25eth0]:80", ""},
+		"brackets only":         {"[]", ""},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, err := NormalizeHost(tt.in)
+			if tt.want == "" {
+				if !errors.Is(err, ErrBadHost) {
+					t.Fatalf("NormalizeHost(%q) = %q, %v; want ErrBadHost", tt.in, got, err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("NormalizeHost(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestSubdomainOf(t *testing.T) {
+	tests := map[string]struct {
+		host, domain, want string // want "" means not a tunnel host
+	}{
+		"valid":                {"app.example.com", "example.com", "app"},
+		"digits and hyphen":    {"my-app-2.example.com", "example.com", "my-app-2"},
+		"reserved is still":    {"www.example.com", "example.com", "www"},
+		"localhost domain":     {"app.localhost", "localhost", "app"},
+		"apex":                 {"example.com", "example.com", ""},
+		"two labels deep":      {"x.app.example.com", "example.com", ""},
+		"domain as a prefix":   {"app.example.com.evil.com", "example.com", ""},
+		"no dot boundary":      {"appexample.com", "example.com", ""},
+		"other domain":         {"app.example.org", "example.com", ""},
+		"empty label":          {".example.com", "example.com", ""},
+		"leading hyphen label": {"-app.example.com", "example.com", ""},
+		"64-character label":   {strings.Repeat("a", 64) + ".example.com", "example.com", ""},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			got, ok := subdomainOf(tt.host, tt.domain)
+			if got != tt.want || ok != (tt.want != "") {
+				t.Fatalf("subdomainOf(%q, %q) = %q, %v; want %q", tt.host, tt.domain, got, ok, tt.want)
+			}
+		})
+	}
+}
+
+// FuzzNormalizeHost checks NormalizeHost's promise: an error, or a
+// non-empty canonical IP or DNS name that normalises to itself.
+func FuzzNormalizeHost(f *testing.F) {
+	for _, h := range []string{"app.example.com", "App.Example.COM.:443", "[::1]:80", "127.0.0.1", "a..", ".", "[::ffff:1.2.3.4]"} {
+		f.Add(h)
+	}
+	f.Fuzz(func(t *testing.T, h string) {
+		n, err := NormalizeHost(h)
+		if err != nil {
+			if !errors.Is(err, ErrBadHost) {
+				t.Fatalf("NormalizeHost(%q): %v is not ErrBadHost", h, err)
+			}
+			return
+		}
+		if ip := net.ParseIP(n); ip != nil {
+			if ip.String() != n {
+				t.Fatalf("NormalizeHost(%q) = %q, not the canonical %q", h, n, ip.String())
+			}
+		} else if !dnsName(n) {
+			t.Fatalf("NormalizeHost(%q) = %q, not a DNS name", h, n)
+		}
+		again, err := NormalizeHost(n)
+		if err != nil || again != n {
+			t.Fatalf("NormalizeHost(%q) = %q, but NormalizeHost(%q) = %q, %v", h, n, n, again, err)
+		}
+	})
+}
+
+// dnsName reports whether s is non-empty labels of [a-z0-9-] joined by dots.
+func dnsName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, label := range strings.Split(s, ".") {
+		if label == "" || strings.Trim(label, "abcdefghijklmnopqrstuvwxyz0123456789-") != "" {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,112 @@
+package registry_test
+
+import (
+	"errors"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ngstone/ngstone/registry"
+)
+
+func TestValidateSubdomain(t *testing.T) {
+	tests := map[string]struct {
+		name string
+		want error
+	}{
+		"one letter":          {"a", nil},
+		"one digit":           {"7", nil},
+		"letters and digits":  {"app42", nil},
+		"inner hyphen":        {"my-app", nil},
+		"double hyphen":       {"xn--bcher-kva", nil},
+		"63 characters":       {strings.Repeat("a", 63), nil},
+		"starts with digit":   {"1app", nil},
+		"empty":               {"", registry.ErrInvalidName},
+		"64 characters":       {strings.Repeat("a", 64), registry.ErrInvalidName},
+		"leading hyphen":      {"-app", registry.ErrInvalidName},
+		"trailing hyphen":     {"app-", registry.ErrInvalidName},
+		"only a hyphen":       {"-", registry.ErrInvalidName},
+		"upper case":          {"App", registry.ErrInvalidName},
+		"all upper case":      {"APP", registry.ErrInvalidName},
+		"dot":                 {"a.b", registry.ErrInvalidName},
+		"underscore":          {"my_app", registry.ErrInvalidName},
+		"space":               {"my app", registry.ErrInvalidName},
+		"non-ascii":           {"café", registry.ErrInvalidName},
+		"nul":                 {"a\x00", registry.ErrInvalidName},
+		"reserved www":        {"www", registry.ErrReservedName},
+		"reserved api":        {"api", registry.ErrReservedName},
+		"reserved admin":      {"admin", registry.ErrReservedName},
+		"reserved edge":       {"edge", registry.ErrReservedName},
+		"reserved mail":       {"mail", registry.ErrReservedName},
+		"reserved prefix":     {"www1", nil},
+		"upper-case reserved": {"WWW", registry.ErrInvalidName},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			err := registry.ValidateSubdomain(tt.name, registry.DefaultReserved)
+			if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
+				t.Fatalf("ValidateSubdomain(%q) = %v, want %v", tt.name, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidateSubdomainReservedList(t *testing.T) {
+	if err := registry.ValidateSubdomain("www", nil); err != nil {
+		t.Fatalf("with no reserved list, www: %v", err)
+	}
+	if err := registry.ValidateSubdomain("staging", []string{"staging"}); !errors.Is(err, registry.ErrReservedName) {
+		t.Fatalf("an operator's reserved name: %v", err)
+	}
+	want := []string{"www", "api", "admin", "edge", "mail"}
+	if !slices.Equal(registry.DefaultReserved, want) {
+		t.Fatalf("DefaultReserved = %v, want %v", registry.DefaultReserved, want)
+	}
+}
+
+func TestRandomName(t *testing.T) {
+	seen := map[string]bool{}
+	for _, n := range []int{-1, 0, 1, 7, 8, 12, 63} {
+		for range 50 {
+			name := registry.RandomName(n)
+			if want := max(n, 8); len(name) != want {
+				t.Fatalf("RandomName(%d) = %q, want %d characters", n, name, want)
+			}
+			if err := registry.ValidateSubdomain(name, nil); err != nil {
+				t.Fatalf("RandomName(%d) = %q: %v", n, name, err)
+			}
+			if name[0] < 'a' || name[0] > 'z' {
+				t.Fatalf("RandomName(%d) = %q does not start with a letter", n, name)
+			}
+			seen[name] = true
+		}
+	}
+	// 350 names of at least 36^7 each: a repeat means the source is broken.
+	if len(seen) != 350 {
+		t.Fatalf("RandomName repeated itself: %d distinct of 350", len(seen))
+	}
+}
+
+// labelRE is the naming rule written independently of ValidateSubdomain.
+var labelRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+func FuzzValidateSubdomain(f *testing.F) {
+	for _, s := range []string{"a", "app", "my-app", "-a", "a-", "WWW", "www", strings.Repeat("z", 63), strings.Repeat("z", 64), "a.b", "é", ""} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		err := registry.ValidateSubdomain(name, registry.DefaultReserved)
+		reserved := slices.Contains(registry.DefaultReserved, name)
+		switch {
+		case err == nil && (!labelRE.MatchString(name) || reserved):
+			t.Fatalf("ValidateSubdomain accepted %q", name)
+		case errors.Is(err, registry.ErrReservedName) && (!reserved || !labelRE.MatchString(name)):
+			t.Fatalf("ValidateSubdomain(%q) = %v, but it is not a valid reserved name", name, err)
+		case errors.Is(err, registry.ErrInvalidName) && labelRE.MatchString(name):
+			t.Fatalf("ValidateSubdomain(%q) = %v, but it is a valid label", name, err)
+		case err != nil && !errors.Is(err, registry.ErrInvalidName) && !errors.Is(err, registry.ErrReservedName):
+			t.Fatalf("ValidateSubdomain(%q) = %v, not a sentinel error", name, err)
+		}
+	})
+}

@@ -112,9 +112,15 @@ func (l *loader) duration(key string) (time.Duration, error) {
 	if err != nil || d < 0 {
 		return 0, fmt.Errorf("%s %q: want a non-negative duration such as 500ms, 10s or 1m", key, fmt.Sprint(raw))
 	}
-	if s, ok := raw.(string); ok && s != "" && s != "0" {
-		if _, perr := time.ParseDuration(s); perr != nil {
-			return 0, fmt.Errorf("%s %q: want a duration with a unit, such as 500ms, 10s or 1m", key, s)
+	switch v := raw.(type) {
+	case string:
+		if _, perr := time.ParseDuration(v); perr != nil && v != "" && v != "0" {
+			return 0, fmt.Errorf("%s %q: want a duration with a unit, such as 500ms, 10s or 1m", key, v)
+		}
+	case int, int64, float64:
+		// A bare number in a YAML file would silently mean nanoseconds.
+		if d != 0 {
+			return 0, fmt.Errorf("%s %q: want a duration with a unit, such as 500ms, 10s or 1m", key, fmt.Sprint(v))
 		}
 	}
 	return d, nil

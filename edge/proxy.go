@@ -6,7 +6,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
-	"strconv"
 	"sync"
 	"time"
 
@@ -59,28 +58,14 @@ func (e *Edge) visitorHandler() http.Handler {
 
 // newProxy builds the reverse proxy from visitors to agent streams.
 func (e *Edge) newProxy() http.Handler {
-	t := &http.Transport{
-		DialContext: e.dialStream,
-		// One exchange per stream: a stream is never pooled, so it can
-		// never be reused across sessions or generations.
-		DisableKeepAlives:      true,
-		DisableCompression:     true,
-		ResponseHeaderTimeout:  e.cfg.TunnelTimeout,
-		MaxResponseHeaderBytes: 1 << 20,
-		WriteBufferSize:        32 << 10,
-		ReadBufferSize:         32 << 10,
-	}
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			rt := pr.In.Context().Value(routeKey{}).(route)
 			pr.SetXForwarded()
 			pr.Out.URL.Scheme = "http"
-			// The transport keys connections by URL host: make it unique
-			// per session and generation.
-			pr.Out.URL.Host = "s" + strconv.FormatUint(rt.s.id, 10) + ".g" + strconv.FormatUint(rt.generation, 10) + ".ngstone"
+			pr.Out.URL.Host = "ngstone"
 			pr.Out.Host = pr.In.Host
 		},
-		Transport:    t,
+		Transport:    &streamTransport{e: e},
 		BufferPool:   mux.BufferPool{},
 		ErrorHandler: e.proxyError,
 	}

@@ -140,7 +140,6 @@ func (s *session) handshake(ctx context.Context, deadline time.Time) error {
 	if err := s.acceptHello(h); err != nil {
 		return err
 	}
-	s.log = s.log.With("instance", s.instanceID)
 	s.log.Info("agent connected")
 	return nil
 }
@@ -162,6 +161,7 @@ func (s *session) acceptHello(h *mux.Hello) error {
 		return errors.New("unauthorized token")
 	}
 	s.instanceID, s.tokenID = h.InstanceID, tokID
+	s.log = s.log.With("instance", s.instanceID) // before other goroutines can see s
 	s.lastBeat.Store(time.Now().UnixNano())
 	e.mu.Lock()
 	if e.closing {

@@ -1,0 +1,185 @@
+package config_test
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
+
+	"github.com/ngstone/ngstone/config"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "ngstone.yaml")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func loadEdge(t *testing.T, args ...string) (*config.Edge, error) {
+	t.Helper()
+	fs := pflag.NewFlagSet("edge", pflag.ContinueOnError)
+	c := config.NewEdge(fs)
+	return c, fs.Parse(args)
+}
+
+// TestEdgePrecedence: flags beat environment, environment beats the file,
+// the file beats defaults — for every kind of value.
+func TestEdgePrecedence(t *testing.T) {
+	file := writeFile(t, `
+domain: file.example
+drain-timeout: 3s
+heartbeat-timeout: 20s
+token: [file-a, file-b]
+reserved-names: [www]
+http-addr: 127.0.0.1:8001
+`)
+	t.Setenv("NGSTONE_HEARTBEAT_TIMEOUT", "30s")
+	t.Setenv("NGSTONE_HTTP_ADDR", "127.0.0.1:8002")
+	t.Setenv("NGSTONE_TOKEN", "env-a,env-b")
+	c, err := loadEdge(t, "--config", file, "--http-addr", "127.0.0.1:8003")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"domain from file", cfg.Domain, "file.example"},
+		{"drain-timeout from file", cfg.DrainTimeout, 3 * time.Second},
+		{"heartbeat-timeout env over file", cfg.HeartbeatTimeout, 30 * time.Second},
+		{"http-addr flag over env", cfg.HTTPAddr, "127.0.0.1:8003"},
+		{"token env over file", strings.Join(cfg.Tokens, ","), "env-a,env-b"},
+		{"reserved-names from file", strings.Join(cfg.ReservedNames, ","), "www"},
+		{"tunnel-timeout default", cfg.TunnelTimeout, 60 * time.Second},
+		{"control-addr default", cfg.ControlAddr, ":4443"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+		}
+	}
+}
+
+// TestEnvironmentOnly: environment variables reach the struct for keys that
+// are neither flags given nor in a file.
+func TestEnvironmentOnly(t *testing.T) {
+	t.Setenv("NGSTONE_DOMAIN", "env.example")
+	t.Setenv("NGSTONE_DRAIN_TIMEOUT", "0")
+	t.Setenv("NGSTONE_ADMIN_ADDR", "127.0.0.1:9999")
+	t.Setenv("NGSTONE_TLS_MODE", "files")
+	t.Setenv("NGSTONE_TLS_CERT", "/c.pem")
+	t.Setenv("NGSTONE_TLS_KEY", "/k.pem")
+	c, _ := loadEdge(t)
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Domain != "env.example" || cfg.DrainTimeout != 0 || cfg.AdminAddr != "127.0.0.1:9999" ||
+		cfg.TLS.Mode != "files" || cfg.TLS.CertFile != "/c.pem" || cfg.TLS.KeyFile != "/k.pem" {
+		t.Fatalf("environment did not reach the config: %+v", cfg)
+	}
+}
+
+func TestEdgeErrorsNameKeyAndValue(t *testing.T) {
+	cases := []struct {
+		name string
+		env  map[string]string
+		file string
+		args []string
+		want []string
+	}{
+		{"missing domain", nil, "", nil, []string{"domain", "required"}},
+		{"bad duration env", map[string]string{"NGSTONE_DRAIN_TIMEOUT": "ten"}, "", []string{"--domain", "x.example"}, []string{"drain-timeout", `"ten"`}},
+		{"duration without unit", nil, "domain: x.example\ndrain-timeout: 10\n", nil, []string{"drain-timeout", "10"}},
+		{"unknown file key", nil, "domain: x.example\ndrain_timout: 1s\n", nil, []string{"unknown key", "drain_timout"}},
+		{"bad tls mode", nil, "", []string{"--domain", "x.example", "--tls-mode", "acme"}, []string{"tls-mode", `"acme"`}},
+		{"bad address", nil, "", []string{"--domain", "x.example", "--http-addr", "80"}, []string{"http-addr", `"80"`}},
+		{"bad log format", nil, "", []string{"--domain", "x.example", "--log-format", "xml"}, []string{"log-format", `"xml"`}},
+		{"bad reserved name", nil, "", []string{"--domain", "x.example", "--reserved-names", "Bad_Name"}, []string{"reserved-names", "Bad_Name"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			args := tc.args
+			if tc.file != "" {
+				args = append(args, "--config", writeFile(t, tc.file))
+			}
+			c, err := loadEdge(t, args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = c.Load()
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not mention %s", err, w)
+				}
+			}
+		})
+	}
+}
+
+func TestAgentLoad(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(secret, []byte("s3cret\n"), 0o600)
+	t.Setenv("NGSTONE_AUTHTOKEN_FILE", secret)
+	t.Setenv("NGSTONE_HEARTBEAT_INTERVAL", "2s")
+	file := writeFile(t, "edge: edge.example:4443\nsubdomain: myapp\nupstream-timeout: 5s\n")
+	fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+	c := config.NewAgent(fs)
+	if err := fs.Parse([]string{"--config", file, "--insecure"}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load("3000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Edge != "edge.example:4443" || cfg.Subdomain != "myapp" || cfg.Token != "s3cret" || !cfg.Insecure ||
+		cfg.UpstreamTimeout != 5*time.Second || cfg.HeartbeatInterval != 2*time.Second || cfg.HeartbeatTimeout != 45*time.Second || cfg.Local != "3000" {
+		t.Fatalf("agent config: %+v", cfg)
+	}
+}
+
+func TestAgentErrors(t *testing.T) {
+	cases := []struct {
+		name, local string
+		args        []string
+		want        string
+	}{
+		{"bad local", "not a port", nil, "local address"},
+		{"bad port", "70000", nil, "local port 70000"},
+		{"bad subdomain", "3000", []string{"--subdomain", "-x"}, "subdomain"},
+		{"heartbeat order", "3000", []string{"--heartbeat-interval", "10s", "--heartbeat-timeout", "5s"}, "heartbeat-timeout"},
+		{"zero heartbeat", "3000", []string{"--heartbeat-interval", "0s"}, "heartbeat-interval 0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+			c := config.NewAgent(fs)
+			if err := fs.Parse(tc.args); err != nil {
+				t.Fatal(err)
+			}
+			_, _, err := c.Load(tc.local)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %v, want mention of %q", err, tc.want)
+			}
+		})
+	}
+}

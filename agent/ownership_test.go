@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"io"
 	"net/http"
@@ -10,8 +9,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/yamux"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
@@ -265,34 +262,13 @@ func TestRepeatedResets(t *testing.T) {
 	})
 }
 
-// rawSession is a hand-driven agent session, for protocol-level tests.
-type rawSession struct {
-	ys   *yamux.Session
-	ctrl *yamux.Stream
-}
-
-func dialRaw(t *testing.T, e *tunneltest.Edge, instance string) *rawSession {
+func dialRaw(t *testing.T, e *tunneltest.Edge, instance string) *tunneltest.RawSession {
 	t.Helper()
-	c, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
-	if err != nil {
-		t.Fatal(err)
+	r, m := e.DialRaw(t, &mux.Hello{Version: mux.Version, InstanceID: instance})
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
 	}
-	ys, err := yamux.Client(c, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ys.Close() })
-	ctrl, err := ys.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: instance}); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v %v", m, err)
-	}
-	return &rawSession{ys: ys, ctrl: ctrl}
+	return r
 }
 
 // TestSameInstanceRace: two sessions of one instance bind one name at the
@@ -305,13 +281,13 @@ func TestSameInstanceRace(t *testing.T) {
 		s1, s2 := dialRaw(t, e, id), dialRaw(t, e, id)
 		oks := make([]*mux.BindOK, 2)
 		var wg sync.WaitGroup
-		for i, s := range []*rawSession{s1, s2} {
+		for i, s := range []*tunneltest.RawSession{s1, s2} {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				mux.Write(s.ctrl, &mux.Bind{Subdomain: "race", Takeover: true})
+				mux.Write(s.Ctrl, &mux.Bind{Subdomain: "race", Takeover: true})
 				for {
-					m, err := mux.Read(s.ctrl)
+					m, err := mux.Read(s.Ctrl)
 					if err != nil {
 						return
 					}
@@ -334,8 +310,8 @@ func TestSameInstanceRace(t *testing.T) {
 		if oks[0].Generation > oks[1].Generation {
 			loser = s2
 		}
-		loser.ctrl.SetReadDeadline(time.Now().Add(5 * time.Second))
-		m, err := mux.Read(loser.ctrl)
+		loser.Ctrl.SetReadDeadline(time.Now().Add(5 * time.Second))
+		m, err := mux.Read(loser.Ctrl)
 		ev, ok := m.(*mux.Evicted)
 		if err != nil || !ok || ev.Hostname != "race."+tunneltest.Domain || ev.Reason != mux.ReasonTakeover {
 			t.Fatalf("round %d: loser got %v %v, want evicted", round, m, err)
@@ -344,7 +320,7 @@ func TestSameInstanceRace(t *testing.T) {
 		if want := max(oks[0].Generation, oks[1].Generation); tn.Generation != want {
 			t.Fatalf("round %d: owner generation %d, want %d", round, tn.Generation, want)
 		}
-		s1.ys.Close()
-		s2.ys.Close()
+		s1.YS.Close()
+		s2.YS.Close()
 	}
 }

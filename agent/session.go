@@ -36,10 +36,11 @@ type conn struct {
 	writeMu sync.Mutex
 	lastAck atomic.Int64 // unix nanoseconds of the last heartbeat answer
 
-	events  chan error    // first session-ending event from the reader
-	unbound chan struct{} // closed when the edge confirms the unbind
-	once    sync.Once
-	streams mux.Tracker // exchanges in flight, for the drain
+	events     chan error    // first session-ending event from the reader
+	readerDone chan struct{} // closed when readControl returns
+	unbound    chan struct{} // closed when the edge confirms the unbind
+	once       sync.Once
+	streams    mux.Tracker // exchanges in flight, for the drain
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it
@@ -85,7 +86,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
-	c := &conn{a: a, ys: ys, events: make(chan error, 1), unbound: make(chan struct{})}
+	c := &conn{a: a, ys: ys, events: make(chan error, 1), unbound: make(chan struct{}), readerDone: make(chan struct{})}
 	if err := c.handshake(deadline, takeover); err != nil {
 		ys.Close()
 		return nil, err
@@ -168,6 +169,7 @@ func (c *conn) run(ctx context.Context) error {
 	}()
 	go func() {
 		defer a.wg.Done()
+		defer close(c.readerDone)
 		c.readControl()
 	}()
 	return c.heartbeat(ctx)
@@ -190,6 +192,16 @@ func (c *conn) heartbeat(ctx context.Context) error {
 		case err := <-c.events:
 			return err
 		case <-c.ys.CloseChan():
+			// The edge may have said why (evicted) just before closing:
+			// let the reader finish what arrived.
+			<-c.readerDone
+			select {
+			case err := <-c.events:
+				if errors.Is(err, ErrEvicted) || errors.Is(err, errGoAway) {
+					return err
+				}
+			default:
+			}
 			return errSessionClosed
 		case <-send.C:
 			seq++

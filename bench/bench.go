@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ngstone/ngstone/agent"
@@ -433,6 +434,10 @@ func (b *bench) idleTunnels() error {
 	}
 	time.Sleep(2 * time.Second)
 	after := b.edge.status("VmRSS")
+	if b.o.profile != "" {
+		b.edge.cmd.Process.Signal(syscall.SIGUSR1)
+		time.Sleep(time.Second)
+	}
 	per := (after - before) / int64(b.o.tunnels)
 	b.add(row{name: fmt.Sprintf("edge memory per idle tunnel (%d agents)", b.o.tunnels),
 		direct: "RSS " + mib(before), tunnel: fmt.Sprintf("%.1f KiB", float64(per)/1024),

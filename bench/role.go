@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"syscall"
 
@@ -47,6 +49,9 @@ func runRole(role string, args []string) int {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	if *cpuprofile != "" {
+		dumpOnUSR1(filepath.Dir(*cpuprofile), role)
+	}
 	var err error
 	switch role {
 	case "edge":
@@ -74,4 +79,23 @@ func runRole(role string, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// dumpOnUSR1 writes heap and goroutine profiles into dir on each SIGUSR1.
+func dumpOnUSR1(dir, role string) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	go func() {
+		for range ch {
+			runtime.GC()
+			for _, name := range []string{"heap", "goroutine"} {
+				f, err := os.Create(filepath.Join(dir, role+"-"+name+".pprof"))
+				if err != nil {
+					continue
+				}
+				pprof.Lookup(name).WriteTo(f, 0)
+				f.Close()
+			}
+		}
+	}()
 }

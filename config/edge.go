@@ -45,6 +45,13 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
 	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
 	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
+	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address before it is refused for a minute (0 disables)")
+	fs.Int("max-streams-per-session", d.MaxStreamsPerSession, "concurrent visitor requests per agent session; more get 503 (0 = no limit)")
+	fs.Int("max-conns", d.MaxConns, "concurrent visitor connections in total (0 = no limit)")
+	fs.Int("max-conns-per-ip", d.MaxConnsPerIP, "concurrent visitor connections per client address (0 = no limit)")
+	fs.Int64("max-request-body", 0, "largest visitor request body in bytes; larger get 413 (0 = no limit)")
+	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
+	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
 	return &Edge{l: newLoader(fs)}
 }
 
@@ -85,6 +92,18 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.TLS.OnDemandRateLimit = e.integer(l, "on-demand-rate-limit")
 	cfg.TLS.OnDemandRateWindow = e.dur(l, "on-demand-rate-window")
 	cfg.Tokens = l.strings("token")
+	if path := l.string("tokens-file"); path != "" {
+		pol, err := LoadTokensFile(path)
+		e.set(err)
+		cfg.TokenPolicies = pol
+	}
+	cfg.AuthFailureLimit = e.integer(l, "auth-failure-limit")
+	cfg.MaxStreamsPerSession = e.integer(l, "max-streams-per-session")
+	cfg.MaxConns = e.integer(l, "max-conns")
+	cfg.MaxConnsPerIP = e.integer(l, "max-conns-per-ip")
+	cfg.MaxRequestBody = int64(e.integer(l, "max-request-body"))
+	cfg.ReadHeaderTimeout = e.dur(l, "read-header-timeout")
+	cfg.IdleTimeout = e.dur(l, "idle-timeout")
 	cfg.ReservedNames = l.strings("reserved-names")
 	if cfg.ReservedNames == nil {
 		cfg.ReservedNames = []string{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
@@ -25,10 +26,19 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		s.log.Info("bind refused", "subdomain", m.Subdomain, "code", code)
 		return &mux.BindError{Subdomain: m.Subdomain, Code: code, Message: err.Error() + ": choose another --subdomain"}
 	}
+	if !s.policy.allows(m.Subdomain) {
+		s.log.Info("bind refused", "subdomain", m.Subdomain, "code", mux.CodeUnauthorized)
+		return &mux.BindError{Subdomain: m.Subdomain, Code: mux.CodeUnauthorized,
+			Message: fmt.Sprintf("this token may not bind %q; it may bind %s", m.Subdomain, strings.Join(s.policy.Subdomains, ", "))}
+	}
 	return e.claim(ctx, s, m.Subdomain, m.Takeover, false)
 }
 
 func (e *Edge) bindRandom(ctx context.Context, s *session) mux.Message {
+	if len(s.policy.Subdomains) > 0 {
+		return &mux.BindError{Code: mux.CodeUnauthorized,
+			Message: "this token may only bind " + strings.Join(s.policy.Subdomains, ", ") + ": pass --subdomain"}
+	}
 	for range randomNameTries {
 		name := registry.RandomName(8)
 		if registry.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
@@ -49,6 +59,10 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	host := name + "." + e.cfg.Domain
 	if e.isClosing() {
 		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"}
+	}
+	if max := s.policy.MaxBindings; max > 0 && e.tokenBindings(s.policy, s.instanceID, host) >= max {
+		return &mux.BindError{Subdomain: name, Code: mux.CodeLimitExceeded,
+			Message: fmt.Sprintf("this token is limited to %d tunnels; stop one first", max)}
 	}
 	res, err := e.store.Bind(ctx, registry.Claim{
 		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
@@ -105,4 +119,25 @@ func first(s []string) string {
 		return ""
 	}
 	return s[0]
+}
+
+// tokenBindings counts the hostnames bound with policy, leaving out host
+// when instance already holds it (a takeover does not add a tunnel).
+func (e *Edge) tokenBindings(policy *TokenPolicy, instance, host string) int {
+	e.mu.Lock()
+	sessions := e.sessionListLocked()
+	e.mu.Unlock()
+	seen := map[string]bool{}
+	for _, o := range sessions {
+		if o.policy != policy {
+			continue
+		}
+		for h := range o.snapshot() {
+			if h == host && o.instanceID == instance {
+				continue
+			}
+			seen[h] = true
+		}
+	}
+	return len(seen)
 }

@@ -35,6 +35,30 @@ type Config struct {
 	// Tokens are the agent tokens accepted in hello. Empty means any agent
 	// may connect (an open edge, for development).
 	Tokens []string
+	// TokenPolicies are tokens with limits (the --tokens-file entries),
+	// accepted in addition to Tokens.
+	TokenPolicies []TokenPolicy
+	// AuthFailureLimit failed hellos from one address within
+	// AuthFailureWindow get that address refused for AuthFailureWindow.
+	// Zero disables the limit.
+	AuthFailureLimit int
+	// AuthFailureWindow is the limiter's window; zero means 1m.
+	AuthFailureWindow time.Duration
+	// MaxStreamsPerSession bounds a session's concurrent visitor requests;
+	// visitors past it get 503 with Retry-After. Zero means no limit.
+	MaxStreamsPerSession int
+	// MaxConns bounds concurrent visitor connections in total, and
+	// MaxConnsPerIP per client address; connections past them are closed at
+	// once. Zero means no limit.
+	MaxConns, MaxConnsPerIP int
+	// ReadHeaderTimeout bounds a visitor's TLS handshake and request
+	// headers (slow clients are cut off). Zero means 10s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes idle keep-alive visitor connections. Zero means 2m.
+	IdleTimeout time.Duration
+	// MaxRequestBody bounds a visitor request body in bytes (413 past it).
+	// Zero means no limit.
+	MaxRequestBody int64
 	// ReservedNames cannot be bound. Nil means registry.DefaultReserved;
 	// an empty non-nil slice reserves nothing.
 	ReservedNames []string
@@ -74,6 +98,14 @@ func DefaultConfig() Config {
 		HelloTimeout:     10 * time.Second,
 		ShutdownGrace:    30 * time.Second,
 		Mux:              mux.DefaultConfig(),
+
+		ReadHeaderTimeout:    10 * time.Second,
+		IdleTimeout:          2 * time.Minute,
+		AuthFailureLimit:     5,
+		AuthFailureWindow:    time.Minute,
+		MaxStreamsPerSession: 1024,
+		MaxConns:             20000,
+		MaxConnsPerIP:        1000,
 	}
 }
 
@@ -94,6 +126,15 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReservedNames == nil {
 		c.ReservedNames = d.ReservedNames
+	}
+	if c.ReadHeaderTimeout <= 0 {
+		c.ReadHeaderTimeout = d.ReadHeaderTimeout
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = d.IdleTimeout
+	}
+	if c.AuthFailureWindow <= 0 {
+		c.AuthFailureWindow = d.AuthFailureWindow
 	}
 	c.TLS.Domain = c.Domain
 	return c
@@ -126,6 +167,14 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatTimeout < 0 {
 		return fmt.Errorf("heartbeat-timeout %s: must not be negative", c.HeartbeatTimeout)
+	}
+	for i := range c.TokenPolicies {
+		if err := c.TokenPolicies[i].Validate(i); err != nil {
+			return err
+		}
+	}
+	if c.MaxStreamsPerSession < 0 || c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxRequestBody < 0 || c.AuthFailureLimit < 0 {
+		return errors.New("limits (max-streams-per-session, max-conns, max-conns-per-ip, max-request-body, auth-failure-limit) must not be negative")
 	}
 	for _, n := range c.ReservedNames {
 		if err := registry.ValidateSubdomain(n, nil); err != nil {

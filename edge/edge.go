@@ -14,10 +14,7 @@ package edge
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -41,6 +38,10 @@ type Edge struct {
 	certs   *certs.Manager
 	proxy   http.Handler
 	metrics *metrics
+	// policies are the accepted tokens: --token ones unrestricted, then
+	// the --tokens-file entries. Empty means an open edge.
+	policies []*TokenPolicy
+	auth     authLimiter
 
 	nextSession atomic.Uint64
 
@@ -73,6 +74,13 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		sessions:  make(map[uint64]*session),
 		listeners: make(map[string]net.Listener),
 		done:      make(chan struct{}),
+		auth:      authLimiter{limit: cfg.AuthFailureLimit, window: cfg.AuthFailureWindow},
+	}
+	for _, t := range cfg.Tokens {
+		e.policies = append(e.policies, &TokenPolicy{Token: t})
+	}
+	for i := range cfg.TokenPolicies {
+		e.policies = append(e.policies, &cfg.TokenPolicies[i])
 	}
 	e.store = cfg.Store
 	if e.store == nil {
@@ -127,10 +135,10 @@ func (e *Edge) listen() error {
 
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
-		e.serveHTTP(ln, e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
+		e.serveHTTP(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
-		e.serveHTTP(ln, e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
+		e.serveHTTP(e.limitVisitors(ln), e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -143,12 +151,19 @@ func (e *Edge) serve(ctx context.Context) {
 	go e.reap(ctx)
 }
 
+// limitVisitors bounds concurrent visitor connections (MaxConns, MaxConnsPerIP).
+func (e *Edge) limitVisitors(ln net.Listener) net.Listener {
+	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, func(addr string) {
+		e.log.Debug("visitor connection refused: connection limit", "remote", addr)
+	})
+}
+
 func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 	srv := &http.Server{
 		Handler:           h,
 		TLSConfig:         tc,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       120 * time.Second,
+		ReadHeaderTimeout: e.cfg.ReadHeaderTimeout,
+		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          e.certs.ErrorLog(),
 	}
@@ -337,30 +352,11 @@ func (e *Edge) reap(ctx context.Context) {
 				}
 			}
 			e.releaseOffline(ctx, now)
+			e.auth.sweep(now)
 		}
 	}
 }
 
-// checkToken returns the token's id when tok is accepted. With no tokens
-// configured every agent is accepted.
-func (e *Edge) checkToken(tok string) (string, bool) {
-	if len(e.cfg.Tokens) == 0 {
-		return tokenID(tok), true
-	}
-	ok := 0
-	for _, t := range e.cfg.Tokens {
-		ok |= subtle.ConstantTimeCompare([]byte(t), []byte(tok))
-	}
-	return tokenID(tok), ok == 1
-}
-
-func tokenID(tok string) string {
-	if tok == "" {
-		return ""
-	}
-	sum := sha256.Sum256([]byte(tok))
-	return hex.EncodeToString(sum[:8])
-}
 
 // ReloadCertificates re-reads certificate files (tls-mode files); the CLI
 // calls it on SIGHUP. Errors are logged and the old certificate kept.

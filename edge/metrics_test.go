@@ -15,6 +15,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
@@ -203,6 +204,7 @@ func TestMetricsUpgradedBytes(t *testing.T) {
 func TestMetricsBindRefused(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.Tokens = []string{"good"}
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "team", Subdomains: []string{"team-*"}}}
 	e := tunneltest.StartEdge(t, cfg)
 	b := tunneltest.StartBackend(t)
 	holder := e.AgentConfig("", b.Addr())
@@ -215,6 +217,7 @@ func TestMetricsBindRefused(t *testing.T) {
 		{"reserved name", "good", "admin", "reserved_name"},
 		{"subdomain taken", "good", "held", "subdomain_taken"},
 		{"unauthorized", "bad", "other", "unauthorized"},
+		{"token may not bind the name", "team", "other", "unauthorized"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, _ := delta(t, e, func() {
@@ -235,6 +238,18 @@ func TestMetricsBindRefused(t *testing.T) {
 			wantEqual(t, d, `ngstone_binds_total{result="ok"}`, 0)
 		})
 	}
+	// The agent checks names itself; a bare session shows the edge does too.
+	t.Run("invalid name", func(t *testing.T) {
+		d, _ := delta(t, e, func() {
+			_, ctrl := dialBareToken(t, e, agent.NewInstanceID(), "good")
+			mux.Write(ctrl, &mux.Bind{Subdomain: "-bad-"})
+			m, err := mux.Read(ctrl)
+			if be, ok := m.(*mux.BindError); err != nil || !ok || be.Code != mux.CodeInvalidName {
+				t.Fatalf("bind -bad-: %#v %v", m, err)
+			}
+		})
+		wantEqual(t, d, `ngstone_binds_total{result="invalid_name"}`, 1)
+	})
 }
 
 // TestMetricsEviction: a bare session of instance X holds app; an agent of
@@ -275,6 +290,11 @@ func TestMetricsEviction(t *testing.T) {
 // instance id: TLS, yamux, control stream, hello. It never heartbeats.
 func dialBare(t *testing.T, e *tunneltest.Edge, id string) (*yamux.Session, net.Conn) {
 	t.Helper()
+	return dialBareToken(t, e, id, "")
+}
+
+func dialBareToken(t *testing.T, e *tunneltest.Edge, id, token string) (*yamux.Session, net.Conn) {
+	t.Helper()
 	conn, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
 	if err != nil {
 		t.Fatal(err)
@@ -289,7 +309,7 @@ func dialBare(t *testing.T, e *tunneltest.Edge, id string) (*yamux.Session, net.
 		t.Fatal(err)
 	}
 	ctrl.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: id}); err != nil {
+	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: id, Token: token}); err != nil {
 		t.Fatal(err)
 	}
 	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeHelloOK {

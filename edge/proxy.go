@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,9 @@ type routeKey struct{}
 // (fenced, closed or draining) before anything was sent.
 var errNoRoute = errors.New("edge: session cannot take new streams")
 
+// errTooManyStreams means the session is at MaxStreamsPerSession.
+var errTooManyStreams = errors.New("edge: session at its concurrent request limit")
+
 // visitorHandler routes visitor requests by Host.
 func (e *Edge) visitorHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -37,6 +41,19 @@ func (e *Edge) visitorHandler() http.Handler {
 		if _, ok := subdomainOf(host, e.cfg.Domain); !ok {
 			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
 			return
+		}
+		if r.TLS != nil && r.TLS.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(r.TLS.ServerName, "."), host) {
+			// A connection made for one tunnel must not carry requests
+			// for another (HTTP/2 connection reuse, or a forged Host).
+			mux.WriteVisitorError(w, mux.CodeMisdirected, host)
+			return
+		}
+		if max := e.cfg.MaxRequestBody; max > 0 {
+			if r.ContentLength > max {
+				mux.WriteVisitorError(w, mux.CodeBodyTooLarge, host)
+				return
+			}
+			r.Body = http.MaxBytesReader(w, r.Body, max)
 		}
 		b, ok, err := e.store.Get(r.Context(), host)
 		if err != nil || !ok {
@@ -81,11 +98,14 @@ func (e *Edge) dialStream(ctx context.Context, _, _ string) (net.Conn, error) {
 	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
 		return nil, errNoRoute
 	}
+	if !s.streams.TryAdd(e.cfg.MaxStreamsPerSession) {
+		return nil, errTooManyStreams
+	}
 	st, err := s.ys.OpenStream()
 	if err != nil {
+		s.streams.Done()
 		return nil, errors.Join(errNoRoute, err)
 	}
-	s.streams.Add()
 	return &trackedConn{Conn: st, done: s.streams.Done}, nil
 }
 
@@ -100,6 +120,10 @@ func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	case errors.Is(err, errNoRoute):
 		mux.WriteVisitorError(w, mux.CodeTunnelOffline, rt.hostname)
+	case errors.Is(err, errTooManyStreams):
+		mux.WriteVisitorError(w, mux.CodeTooManyRequests, rt.hostname)
+	case errors.As(err, new(*http.MaxBytesError)):
+		mux.WriteVisitorError(w, mux.CodeBodyTooLarge, rt.hostname)
 	case errors.As(err, &ne) && ne.Timeout():
 		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, rt.hostname)
 	default:

@@ -35,6 +35,7 @@ type session struct {
 	ctrl       net.Conn
 	instanceID string
 	tokenID    string
+	policy     *TokenPolicy
 	hello      atomic.Bool
 	lastBeat   atomic.Int64 // unix nanoseconds
 	streams    mux.Tracker
@@ -70,6 +71,12 @@ func (e *Edge) acceptAgents(ctx context.Context) {
 
 // handleAgent runs one agent connection from TLS handshake to close.
 func (e *Edge) handleAgent(ctx context.Context, c net.Conn) {
+	if e.auth.banned(c.RemoteAddr().String(), time.Now()) {
+		// Refused before the TLS handshake: a token sprayer costs nothing.
+		e.log.Debug("agent connection refused: too many failed hellos", "remote", c.RemoteAddr().String())
+		c.Close()
+		return
+	}
 	s, err := e.openSession(ctx, c)
 	if err != nil {
 		e.log.Debug("agent connection refused", "remote", c.RemoteAddr().String(), "err", err)
@@ -112,7 +119,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	}
 	s.log = e.log.With("session", s.id, "remote", s.remote)
 	if err := s.handshake(hctx, deadline); err != nil {
-		ys.Close()
+		s.lingerClose()
 		return nil, err
 	}
 	return s, nil
@@ -154,25 +161,48 @@ func (s *session) acceptHello(h *mux.Hello) error {
 		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "instance_id must be 32 lower-case hex characters"})
 		return fmt.Errorf("bad instance id %q", h.InstanceID)
 	}
-	tokID, ok := e.checkToken(h.Token)
-	if !ok {
+	policy := e.authenticate(h.Token)
+	if policy == nil {
+		e.auth.fail(s.remote, time.Now())
 		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
 		e.metrics.bindResult(mux.CodeUnauthorized)
 		return errors.New("unauthorized token")
 	}
-	s.instanceID, s.tokenID = h.InstanceID, tokID
+	s.instanceID, s.tokenID, s.policy = h.InstanceID, tokenID(h.Token), policy
 	s.log = s.log.With("instance", s.instanceID) // before other goroutines can see s
 	s.lastBeat.Store(time.Now().UnixNano())
+	if err := e.register(s); err != nil {
+		return err
+	}
+	s.hello.Store(true)
+	return s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds()})
+}
+
+// register adds s to the edge's sessions, unless the edge is closing or
+// the token is at its session limit. A reconnecting instance's own sessions
+// do not count: it is about to take their bindings over.
+func (e *Edge) register(s *session) error {
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.closing {
-		e.mu.Unlock()
 		s.send(&mux.Error{Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"})
 		return errors.New("edge shutting down")
 	}
+	if max := s.policy.MaxSessions; max > 0 {
+		n := 0
+		for _, o := range e.sessions {
+			if o.policy == s.policy && o.instanceID != s.instanceID {
+				n++
+			}
+		}
+		if n >= max {
+			s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
+			e.metrics.bindResult(mux.CodeLimitExceeded)
+			return errors.New("token session limit")
+		}
+	}
 	e.sessions[s.id] = s
-	e.mu.Unlock()
-	s.hello.Store(true)
-	return s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds()})
+	return nil
 }
 
 func validInstanceID(id string) bool {
@@ -302,6 +332,23 @@ func (s *session) snapshot() map[string]uint64 {
 	return out
 }
 
+// lingerClose ends a refused session: it half-closes the control stream,
+// so the agent reads the refusal before the end of the stream, and closes the
+// session once the agent has, or after a second. Closing at once could let
+// the agent see "session shutdown" instead of the reason.
+func (s *session) lingerClose() {
+	if s.ctrl != nil {
+		s.ctrl.Close()
+		t := time.NewTimer(time.Second)
+		select {
+		case <-s.ys.CloseChan():
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	s.ys.Close()
+}
+
 // close closes the yamux session (and with it every stream) once.
 func (s *session) close() {
 	s.closeOnce.Do(func() {
@@ -328,6 +375,7 @@ func (s *session) drainThenClose() {
 		defer cancel()
 		s.streams.Wait(ctx, s.closed)
 		s.log.Info("session drained; closing", "inflight", s.streams.Count())
+		s.lingerClose()
 		s.close()
 	}()
 }

@@ -26,15 +26,16 @@ const (
 	yamuxTypeData   = 0
 )
 
-var coalesceBufs = sync.Pool{New: func() any { b := make([]byte, 0, 64<<10); return &b }}
+var coalesceBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
 // Coalesce wraps the connection given to yamux.Client or yamux.Server so
 // that frames leave in as few writes as possible. Writes return once
-// buffered; a write error is returned by the writes after it. Close writes
-// out what is buffered (for at most a second) and closes c. It starts no
-// goroutine before the first write, and none survives Close.
+// buffered; a write error is returned by the writes after it. The flusher
+// goroutine runs only while there is something to write, so an idle session
+// holds neither it nor a buffer. Close waits for a flush under way (for at
+// most a second) and closes c.
 func Coalesce(c net.Conn) net.Conn {
-	cc := &coalescedConn{Conn: c, done: make(chan struct{})}
+	cc := &coalescedConn{Conn: c}
 	cc.cond.L = &cc.mu
 	return cc
 }
@@ -43,13 +44,11 @@ type coalescedConn struct {
 	net.Conn
 
 	mu       sync.Mutex
-	cond     sync.Cond // signals the flusher and writers waiting for room
+	cond     sync.Cond // signals writers waiting for room, and Close
 	buf      *[]byte   // buffered writes; nil when empty
 	err      error     // first write error, or net.ErrClosed after Close
-	writing  bool      // the flusher is in a write of the connection
+	flushing bool      // a flusher goroutine is running
 	closing  bool
-	started  bool
-	done     chan struct{} // closed when the flusher has returned
 	closeErr error
 	once     sync.Once
 }
@@ -58,7 +57,7 @@ func (c *coalescedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.err == nil && !c.closing && c.buf != nil && len(*c.buf)+len(p) > maxCoalesce {
-		c.cond.Broadcast() // the flusher may not have been woken for a lone header
+		c.startFlushLocked() // a lone header may not have started one
 		c.cond.Wait()
 	}
 	switch {
@@ -67,18 +66,14 @@ func (c *coalescedConn) Write(p []byte) (int, error) {
 	case c.closing:
 		return 0, net.ErrClosed
 	}
-	if !c.started {
-		c.started = true
-		go c.flushLoop()
-	}
 	if c.buf == nil {
 		c.buf = coalesceBufs.Get().(*[]byte)
 	}
 	*c.buf = append(*c.buf, p...)
-	// yamux writes a data frame's body right after its header: wake the
-	// flusher only once the body is in too.
+	// yamux writes a data frame's body right after its header: flush only
+	// once the body is in too.
 	if !isDataHeader(p) {
-		c.cond.Broadcast()
+		c.startFlushLocked()
 	}
 	return len(p), nil
 }
@@ -87,21 +82,21 @@ func isDataHeader(p []byte) bool {
 	return len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:]) > 0
 }
 
-// flushLoop writes out the buffer until Close or a write error.
+func (c *coalescedConn) startFlushLocked() {
+	if !c.flushing {
+		c.flushing = true
+		go c.flushLoop()
+	}
+}
+
+// flushLoop writes out the buffer until it is empty, Close or a write error.
 func (c *coalescedConn) flushLoop() {
-	defer close(c.done)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for {
-		for c.buf == nil && !c.closing {
-			c.cond.Wait()
-		}
-		if c.buf == nil || c.err != nil {
-			return
-		}
+	defer c.cond.Broadcast()
+	for c.buf != nil && c.err == nil {
 		b := c.buf
 		c.buf = nil
-		c.writing = true
 		c.mu.Unlock()
 		_, err := c.Conn.Write(*b)
 		*b = (*b)[:0]
@@ -109,41 +104,32 @@ func (c *coalescedConn) flushLoop() {
 			coalesceBufs.Put(b)
 		}
 		c.mu.Lock()
-		c.writing = false
 		if err != nil && c.err == nil {
 			c.err = err
 		}
 		c.cond.Broadcast()
-		if c.err != nil {
-			return
-		}
 	}
+	c.flushing = false
 }
 
-// Close writes out what is buffered, unless a write is already blocked
-// (then it is broken off, as closing a plain connection would), and
-// closes the connection. It is idempotent.
+// Close lets a flush under way finish, so that frames yamux wrote before it
+// closed still leave, then closes the connection. A flush blocked for
+// closeFlushTimeout is broken off. Close is idempotent.
 func (c *coalescedConn) Close() error {
 	c.once.Do(func() {
 		c.mu.Lock()
 		c.closing = true
-		started, writing := c.started, c.writing
-		c.cond.Broadcast()
-		c.mu.Unlock()
-		if started {
-			if writing {
-				c.Conn.Close()
-			}
+		if c.flushing {
 			t := time.AfterFunc(closeFlushTimeout, func() { c.Conn.Close() })
-			<-c.done
+			for c.flushing {
+				c.cond.Wait()
+			}
 			t.Stop()
 		}
-		c.closeErr = c.Conn.Close()
-		c.mu.Lock()
-		if c.err == nil {
-			c.err = net.ErrClosed
-		}
+		c.err = net.ErrClosed
+		c.buf = nil // at most a data header whose body never came
 		c.mu.Unlock()
+		c.closeErr = c.Conn.Close()
 	})
 	return c.closeErr
 }

@@ -20,6 +20,18 @@ func (t *Tracker) Add() {
 	t.mu.Unlock()
 }
 
+// TryAdd records a stream starting unless limit streams are in flight
+// already (a limit of zero or less means none).
+func (t *Tracker) TryAdd(limit int) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if limit > 0 && t.n >= limit {
+		return false
+	}
+	t.n++
+	return true
+}
+
 // Done records a stream ending.
 func (t *Tracker) Done() {
 	t.mu.Lock()

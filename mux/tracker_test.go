@@ -4,112 +4,128 @@ import (
 	"context"
 	"sync"
 	"testing"
-	"time"
+	"testing/synctest"
 )
 
-// waitReturns runs Wait in a goroutine and reports on the returned channel
-// when it returns.
-func waitReturns(tr *Tracker, ctx context.Context, stop <-chan struct{}) <-chan struct{} {
-	done := make(chan struct{})
+// waiter runs Tracker.Wait in a goroutine of the synctest bubble; returned
+// reports, once every goroutine of the bubble is blocked, whether it has
+// returned.
+type waiter struct{ done chan struct{} }
+
+func startWait(tr *Tracker, ctx context.Context, stop <-chan struct{}) *waiter {
+	w := &waiter{done: make(chan struct{})}
 	go func() {
-		defer close(done)
+		defer close(w.done)
 		tr.Wait(ctx, stop)
 	}()
-	return done
+	return w
 }
 
-func mustReturn(t *testing.T, done <-chan struct{}, why string) {
-	t.Helper()
+func (w *waiter) returned() bool {
+	synctest.Wait()
 	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("Wait did not return %s", why)
-	}
-}
-
-// mustBlock checks that Wait has not returned. Only a positive answer is
-// meaningful here; the bounded look keeps the test fast.
-func mustBlock(t *testing.T, done <-chan struct{}, why string) {
-	t.Helper()
-	select {
-	case <-done:
-		t.Fatalf("Wait returned %s", why)
-	case <-time.After(20 * time.Millisecond):
+	case <-w.done:
+		return true
+	default:
+		return false
 	}
 }
 
 func TestTrackerZeroValueWaitReturnsAtOnce(t *testing.T) {
-	var tr Tracker
-	mustReturn(t, waitReturns(&tr, context.Background(), nil), "with nothing in flight")
-	if tr.Count() != 0 {
-		t.Fatalf("Count = %d", tr.Count())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var tr Tracker
+		if !startWait(&tr, context.Background(), nil).returned() {
+			t.Fatal("Wait blocked with nothing in flight")
+		}
+		if tr.Count() != 0 {
+			t.Fatalf("Count = %d", tr.Count())
+		}
+	})
 }
 
 func TestTrackerWaitReturnsAtZero(t *testing.T) {
-	var tr Tracker
-	tr.Add()
-	tr.Add()
-	done := waitReturns(&tr, context.Background(), nil)
-	second := waitReturns(&tr, context.Background(), nil)
-	tr.Done()
-	if tr.Count() != 1 {
-		t.Fatalf("Count = %d, want 1", tr.Count())
-	}
-	mustBlock(t, done, "with one stream still in flight")
-	tr.Done()
-	mustReturn(t, done, "when the count reached zero")
-	mustReturn(t, second, "for a second waiter when the count reached zero")
-	// The tracker is reusable after reaching zero.
-	tr.Add()
-	again := waitReturns(&tr, context.Background(), nil)
-	mustBlock(t, again, "on a reused tracker with one in flight")
-	tr.Done()
-	mustReturn(t, again, "on a reused tracker at zero")
+	synctest.Test(t, func(t *testing.T) {
+		var tr Tracker
+		tr.Add()
+		tr.Add()
+		first := startWait(&tr, context.Background(), nil)
+		second := startWait(&tr, context.Background(), nil)
+		tr.Done()
+		if tr.Count() != 1 {
+			t.Fatalf("Count = %d, want 1", tr.Count())
+		}
+		if first.returned() || second.returned() {
+			t.Fatal("Wait returned with one stream still in flight")
+		}
+		tr.Done()
+		if !first.returned() || !second.returned() {
+			t.Fatal("Wait did not return when the count reached zero")
+		}
+		// The tracker is reusable after reaching zero.
+		tr.Add()
+		again := startWait(&tr, context.Background(), nil)
+		if again.returned() {
+			t.Fatal("Wait on a reused tracker returned with one in flight")
+		}
+		tr.Done()
+		if !again.returned() {
+			t.Fatal("Wait on a reused tracker did not return at zero")
+		}
+	})
 }
 
 func TestTrackerWaitReturnsOnContextEnd(t *testing.T) {
-	var tr Tracker
-	tr.Add()
-	t.Cleanup(tr.Done)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := waitReturns(&tr, ctx, nil)
-	mustBlock(t, done, "before ctx ended")
-	cancel()
-	mustReturn(t, done, "when ctx ended")
-	if tr.Count() != 1 {
-		t.Fatalf("Count = %d, want 1", tr.Count())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var tr Tracker
+		tr.Add()
+		ctx, cancel := context.WithCancel(context.Background())
+		w := startWait(&tr, ctx, nil)
+		if w.returned() {
+			t.Fatal("Wait returned before ctx ended")
+		}
+		cancel()
+		if !w.returned() {
+			t.Fatal("Wait did not return when ctx ended")
+		}
+		if tr.Count() != 1 {
+			t.Fatalf("Count = %d, want 1", tr.Count())
+		}
+	})
 }
 
 func TestTrackerWaitReturnsOnStop(t *testing.T) {
-	var tr Tracker
-	tr.Add()
-	t.Cleanup(tr.Done)
-	stop := make(chan struct{})
-	done := waitReturns(&tr, context.Background(), stop)
-	mustBlock(t, done, "before stop closed")
-	close(stop)
-	mustReturn(t, done, "when stop closed")
+	synctest.Test(t, func(t *testing.T) {
+		var tr Tracker
+		tr.Add()
+		stop := make(chan struct{})
+		w := startWait(&tr, context.Background(), stop)
+		if w.returned() {
+			t.Fatal("Wait returned before stop closed")
+		}
+		close(stop)
+		if !w.returned() {
+			t.Fatal("Wait did not return when stop closed")
+		}
+	})
 }
 
 func TestTrackerConcurrent(t *testing.T) {
-	var tr Tracker
-	const n = 64
-	for range n {
-		tr.Add()
-	}
-	done := waitReturns(&tr, context.Background(), nil)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Add(1)
-		go func() { defer wg.Done(); tr.Done() }()
-	}
-	wg.Wait()
-	mustReturn(t, done, "after concurrent Done calls")
-	if tr.Count() != 0 {
-		t.Fatalf("Count = %d, want 0", tr.Count())
-	}
+	synctest.Test(t, func(t *testing.T) {
+		var tr Tracker
+		const n = 64
+		for range n {
+			tr.Add()
+		}
+		w := startWait(&tr, context.Background(), nil)
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(tr.Done)
+		}
+		wg.Wait()
+		if !w.returned() || tr.Count() != 0 {
+			t.Fatalf("after %d concurrent Done calls: returned %v, Count %d", n, w.returned(), tr.Count())
+		}
+	})
 }
 
 func TestBufferPool(t *testing.T) {

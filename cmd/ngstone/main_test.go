@@ -14,6 +14,12 @@ import (
 // processes.
 var ngstoneBin string
 
+// The version and commit stamped into ngstoneBin.
+const (
+	testVersion = "v0.0.0-test"
+	testCommit  = "0123abcd"
+)
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "ngstone-bin-")
 	if err != nil {
@@ -21,7 +27,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	ngstoneBin = filepath.Join(dir, "ngstone")
-	build := exec.Command("go", "build", "-o", ngstoneBin, ".")
+	// Built as the Dockerfile builds it: static, trimmed, version stamped.
+	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+testVersion+" -X main.commit="+testCommit, "-o", ngstoneBin, ".")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build ngstone:", err)

@@ -1,0 +1,356 @@
+package edge_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+func hello(token string) *mux.Hello {
+	return &mux.Hello{Version: mux.Version, InstanceID: agent.NewInstanceID(), Token: token}
+}
+
+func bindCode(t *testing.T, e *tunneltest.Edge, token, sub string) string {
+	t.Helper()
+	r, m := e.DialRaw(t, hello(token))
+	if em, ok := m.(*mux.Error); ok {
+		return em.Code
+	}
+	switch m := r.Bind(t, &mux.Bind{Subdomain: sub}).(type) {
+	case *mux.BindError:
+		if m.Message == "" {
+			t.Errorf("bind %q refused with %s but no sentence", sub, m.Code)
+		}
+		return m.Code
+	case *mux.BindOK:
+		return "ok"
+	}
+	return "?"
+}
+
+// TestAgentRefusals: one row per refusal an agent can meet, with its code.
+func TestAgentRefusals(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.Tokens = []string{"plain"}
+	cfg.TokenPolicies = []edge.TokenPolicy{
+		{Token: "team", Subdomains: []string{"team-*"}},
+		{Token: "one", MaxBindings: 1, MaxSessions: 2},
+	}
+	e := tunneltest.StartEdge(t, cfg)
+	if code := bindCode(t, e, "one", "first"); code != "ok" {
+		t.Fatalf("setup bind: %s", code)
+	}
+	cases := []struct {
+		name, token, sub, code string
+	}{
+		{"unknown token", "nope", "x", mux.CodeUnauthorized},
+		{"empty token", "", "x", mux.CodeUnauthorized},
+		{"token prefix is not the token", "plai", "x", mux.CodeUnauthorized},
+		{"reserved name", "plain", "admin", mux.CodeReservedName},
+		{"upper case", "plain", "App", mux.CodeInvalidName},
+		{"leading dash", "plain", "-app", mux.CodeInvalidName},
+		{"dot", "plain", "a.b", mux.CodeInvalidName},
+		{"64 characters", "plain", strings.Repeat("a", 64), mux.CodeInvalidName},
+		{"token limited to names", "team", "other", mux.CodeUnauthorized},
+		{"token limited to names, random", "team", "", mux.CodeUnauthorized},
+		{"token within its names", "team", "team-a", "ok"},
+		{"63 characters", "plain", strings.Repeat("b", 63), "ok"},
+		{"binding limit", "one", "second", mux.CodeLimitExceeded},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := bindCode(t, e, tc.token, tc.sub); got != tc.code {
+				t.Errorf("got %s, want %s", got, tc.code)
+			}
+		})
+	}
+}
+
+func TestTokenSessionLimit(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "two", MaxSessions: 2}}
+	e := tunneltest.StartEdge(t, cfg)
+	same := hello("two")
+	for range 2 {
+		if _, m := e.DialRaw(t, hello("two")); m.MessageType() != mux.TypeHelloOK {
+			t.Fatalf("within limit: %v", m)
+		}
+	}
+	if _, m := e.DialRaw(t, hello("two")); m.(*mux.Error).Code != mux.CodeLimitExceeded {
+		t.Fatalf("past limit: %v", m)
+	}
+	// A third instance is refused, but a reconnecting one is not: its own
+	// sessions do not count.
+	e2cfg := tunneltest.EdgeConfig(t)
+	e2cfg.TokenPolicies = []edge.TokenPolicy{{Token: "one", MaxSessions: 1}}
+	e2 := tunneltest.StartEdge(t, e2cfg)
+	e2.DialRaw(t, same)
+	same.Token = "one"
+	for range 3 {
+		if _, m := e2.DialRaw(t, same); m.MessageType() != mux.TypeHelloOK {
+			t.Fatalf("reconnect of the same instance refused: %v", m)
+		}
+	}
+}
+
+// TestAuthFailuresRateLimited: after the limit of failed hellos, the
+// address is refused before the TLS handshake.
+func TestAuthFailuresRateLimited(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.Tokens = []string{"good"}
+	cfg.AuthFailureLimit = 3
+	e := tunneltest.StartEdge(t, cfg)
+	for range 3 {
+		if _, m := e.DialRaw(t, hello("bad")); m.(*mux.Error).Code != mux.CodeUnauthorized {
+			t.Fatalf("bad token: %v", m)
+		}
+	}
+	_, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	if err == nil {
+		t.Fatal("a banned address completed a TLS handshake")
+	}
+}
+
+func visitorStatus(t *testing.T, c *http.Client, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get(mux.ErrorHeader)
+}
+
+// TestVisitorRefusals: one row per refusal a visitor can meet.
+func TestVisitorRefusals(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.MaxRequestBody = 1 << 10
+	cfg.MaxStreamsPerSession = 1
+	e := tunneltest.StartEdge(t, cfg)
+	ac := e.AgentConfig("", b.Addr())
+	ac.Subdomain = "app"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	c := e.Client()
+	d := tunneltest.Domain
+	req := func(method, url, host string, body io.Reader, mod func(*http.Request)) *http.Request {
+		r, _ := http.NewRequest(method, url, body)
+		if host != "" {
+			r.Host = host
+		}
+		if mod != nil {
+			mod(r)
+		}
+		return r
+	}
+	cases := []struct {
+		name   string
+		req    *http.Request
+		status int
+		code   string
+	}{
+		{"two labels deep", req("GET", "http://x.app."+d+"/", "", nil, nil), 404, mux.CodeTunnelNotFound},
+		{"domain as a prefix", req("GET", "http://app."+d+".evil.com/", "", nil, nil), 404, mux.CodeTunnelNotFound},
+		{"apex", req("GET", "http://"+d+"/", "", nil, nil), 404, mux.CodeTunnelNotFound},
+		{"bad host characters", req("GET", "http://app."+d+"/", "app_x."+d, nil, nil), 400, mux.CodeBadHost},
+		{"SNI and Host disagree", req("GET", "https://app."+d+"/hello", "other."+d, nil, nil), 421, mux.CodeMisdirected},
+		{"body too large, declared", req("POST", "http://app."+d+"/echo", "", strings.NewReader(strings.Repeat("x", 2<<10)), nil), 413, mux.CodeBodyTooLarge},
+		{"headers too large", req("GET", "http://app."+d+"/hello", "", nil, func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("x", 70<<10)) }), 431, ""},
+		{"within limits", req("POST", "http://app."+d+"/echo", "", strings.NewReader("small"), nil), 200, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			// A fresh connection per case: Go's server checks the header
+			// limit reliably only on a connection's first request.
+			fresh := e.Client()
+			defer fresh.CloseIdleConnections()
+			status, code := visitorStatus(t, fresh, tc.req)
+			if status != tc.status || code != tc.code {
+				t.Errorf("got %d %q, want %d %q", status, code, tc.status, tc.code)
+			}
+		})
+	}
+	t.Run("empty Host", func(t *testing.T) {
+		conn, err := net.Dial("tcp", e.Addr("http").String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		io.WriteString(conn, "GET / HTTP/1.0\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 400 || resp.Header.Get(mux.ErrorHeader) != mux.CodeBadHost {
+			t.Errorf("got %d %q", resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
+		}
+	})
+	t.Run("streams per session", func(t *testing.T) {
+		done := make(chan int, 1)
+		go func() {
+			s, _ := visitorStatus(t, c, req("GET", "http://app."+d+"/slow", "", nil, nil))
+			done <- s
+		}()
+		<-b.Entered
+		status, code := visitorStatus(t, c, req("GET", "http://app."+d+"/hello", "", nil, nil))
+		b.Release()
+		if status != 503 || code != mux.CodeTooManyRequests {
+			t.Errorf("second concurrent request: %d %q, want 503 %s", status, code, mux.CodeTooManyRequests)
+		}
+		if s := <-done; s != 200 {
+			t.Errorf("first request: %d", s)
+		}
+	})
+}
+
+// TestControlPortGarbage: random bytes raw and inside TLS, and a TLS
+// connection that never says hello: the other tunnels keep serving and the
+// edge's goroutines return to their level.
+func TestControlPortGarbage(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HelloTimeout = 300 * time.Millisecond
+	cfg.AuthFailureLimit = 0
+	e := tunneltest.StartEdge(t, cfg)
+	ac := e.AgentConfig("", b.Addr())
+	ac.Subdomain = "steady"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	c := e.Client()
+	serving := func() {
+		t.Helper()
+		if s, _ := visitorStatus(t, c, mustReq("https://steady."+tunneltest.Domain+"/hello")); s != 200 {
+			t.Fatalf("steady tunnel answered %d", s)
+		}
+	}
+	serving()
+	base := runtime.NumGoroutine()
+	addr := e.Addr("control").String()
+	junk := make([]byte, 4096)
+	for i := range 20 {
+		rand.Read(junk)
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw.Write(junk)
+		raw.Close()
+
+		tc, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			tc.Write(junk) // garbage where yamux frames should be
+		} else {
+			// A valid yamux stream carrying a huge control frame header.
+			tc.Write([]byte{0, 1, 0, 1, 0, 0, 0, 1, 0, 0, 0, 0})
+			tc.Write([]byte{0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5, byte(mux.TypeHello), 0xff, 0xff, 0xff, 0xff})
+		}
+		tc.Close()
+	}
+	silent, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	silent.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := silent.Read(make([]byte, 1)); err == nil || errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		t.Fatalf("a connection that never says hello was not closed by the edge: %v", err)
+	}
+	serving()
+	c.CloseIdleConnections()
+	tunneltest.Eventually(t, 5*time.Second, "goroutines back to their level", func() bool {
+		return runtime.NumGoroutine() <= base+3
+	})
+	serving()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func mustReq(url string) *http.Request {
+	r, err := http.NewRequest("GET", url, nil)
+	if err != nil {
+		panic(err)
+	}
+	return r
+}
+
+// TestIdleVisitorsAndSlowloris: hundreds of idle connections and a client
+// sending its headers a byte at a time: the edge cuts the slow one off and
+// keeps serving.
+func TestIdleVisitorsAndSlowloris(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.ReadHeaderTimeout = 500 * time.Millisecond
+	e := tunneltest.StartEdge(t, cfg)
+	ac := e.AgentConfig("", b.Addr())
+	ac.Subdomain = "busy"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	var idle []net.Conn
+	t.Cleanup(func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	})
+	for range 300 {
+		conn, err := net.Dial("tcp", e.Addr("http").String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		idle = append(idle, conn)
+	}
+	slow, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer slow.Close()
+	start := time.Now()
+	cut := make(chan time.Duration, 1)
+	go func() {
+		msg := "GET /hello HTTP/1.1\r\nHost: busy." + tunneltest.Domain + "\r\nX-Slow: "
+		for i := 0; ; i++ {
+			if _, err := slow.Write([]byte{msg[i%len(msg)]}); err != nil {
+				cut <- time.Since(start)
+				return
+			}
+			if time.Since(start) > 10*time.Second {
+				cut <- -1
+				return
+			}
+			time.Sleep(50 * time.Millisecond) // the slowloris's own pace
+		}
+	}()
+	c := e.Client()
+	for i := range 20 {
+		if s, _ := visitorStatus(t, c, mustReq(fmt.Sprintf("http://busy.%s/hello?i=%d", tunneltest.Domain, i))); s != 200 {
+			t.Fatalf("request %d during the attack: %d", i, s)
+		}
+	}
+	if d := <-cut; d < 0 {
+		t.Fatal("the slowloris client was never cut off")
+	} else {
+		t.Logf("slowloris cut off after %s", d.Round(time.Millisecond))
+	}
+	if s, _ := visitorStatus(t, c, mustReq("https://busy."+tunneltest.Domain+"/hello")); s != 200 {
+		t.Fatalf("after the attack: %d", s)
+	}
+}

@@ -357,7 +357,6 @@ func (e *Edge) reap(ctx context.Context) {
 	}
 }
 
-
 // ReloadCertificates re-reads certificate files (tls-mode files); the CLI
 // calls it on SIGHUP. Errors are logged and the old certificate kept.
 func (e *Edge) ReloadCertificates() {

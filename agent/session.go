@@ -114,7 +114,7 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	case *mux.HelloOK:
 		c.id = m.SessionID
 	case *mux.Error:
-		if m.Code == mux.CodeShuttingDown {
+		if mux.Retryable(m.Code) {
 			return fmt.Errorf("hello: %s", m.Message)
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
@@ -149,7 +149,7 @@ func (c *conn) bind(takeover bool) error {
 		a.log.Info("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
 		return nil
 	case *mux.BindError:
-		if m.Code == mux.CodeShuttingDown {
+		if mux.Retryable(m.Code) {
 			return fmt.Errorf("bind: %s", m.Message)
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}

@@ -24,8 +24,8 @@ func (a *Agent) newUpstream() (*http.Transport, http.Handler) {
 		IdleConnTimeout:       90 * time.Second,
 		DisableCompression:    true,
 		ForceAttemptHTTP2:     false,
-		WriteBufferSize:       32 << 10,
-		ReadBufferSize:        32 << 10,
+		// Default 4 KiB buffers: every pooled connection keeps two, and
+		// body copies larger than a buffer bypass it anyway.
 	}
 	local := a.local
 	rp := &httputil.ReverseProxy{

@@ -391,7 +391,7 @@ func (b *bench) addRecovery(name string, ds []time.Duration, target time.Duratio
 	slices.Sort(ds)
 	med := ds[len(ds)/2]
 	b.add(row{name: fmt.Sprintf("%s (median of %d)", name, len(ds)), tunnel: ms(med),
-		ratio: fmt.Sprintf("min %s, max %s", ms(ds[0]), ms(ds[len(ds)-1])),
+		ratio:  fmt.Sprintf("min %s, max %s", ms(ds[0]), ms(ds[len(ds)-1])),
 		target: "≤ " + target.String(), verdict: verdict(med <= target)})
 }
 

@@ -75,7 +75,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	}
 	if err != nil {
 		s.log.Error("bind failed", "hostname", host, "err", err)
-		return &mux.BindError{Subdomain: name, Code: mux.CodeBadRequest, Message: "the edge could not record the binding; retry"}
+		return &mux.BindError{Subdomain: name, Code: mux.CodeUnavailable, Message: "the edge could not record the binding; retrying"}
 	}
 	b := res.Binding
 	s.addBinding(host, b.Generation)

@@ -25,6 +25,13 @@ func NormalizeHost(h string) (string, error) {
 	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
 		h = h[1 : len(h)-1]
 	}
+	for i := 0; i < len(h); i++ {
+		// Before lower-casing: ToLower maps some non-ASCII runes (the
+		// Kelvin sign) onto ASCII letters, which would change a name's identity.
+		if h[i] >= 0x80 {
+			return "", fmt.Errorf("%w: non-ASCII byte %#x (use the punycode form)", ErrBadHost, h[i])
+		}
+	}
 	h = strings.TrimSuffix(strings.ToLower(h), ".")
 	if h == "" || len(h) > 253 {
 		return "", fmt.Errorf("%w: length %d", ErrBadHost, len(h))

@@ -73,8 +73,16 @@ const (
 	CodeLimitExceeded  = "limit_exceeded"
 	CodeBadRequest     = "bad_request"
 	CodeShuttingDown   = "shutting_down"
+	CodeUnavailable    = "unavailable"
 	CodeVersion        = "unsupported_version"
 )
+
+// Retryable reports whether an agent should retry after an error or
+// bind_error with code, rather than stop: the edge is going away or could
+// not decide, not refusing.
+func Retryable(code string) bool {
+	return code == CodeShuttingDown || code == CodeUnavailable
+}
 
 // Eviction reasons.
 const (

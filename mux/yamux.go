@@ -57,7 +57,10 @@ func (c Config) Yamux(logOut io.Writer) (*yamux.Config, error) {
 	yc.ConnectionWriteTimeout = c.ConnectionWriteTimeout
 	yc.MaxStreamWindowSize = c.StreamWindow
 	yc.AcceptBacklog = c.AcceptBacklog
-	yc.StreamOpenTimeout = 30 * time.Second
+	// No open timeout: yamux would run a goroutine and a timer for each
+	// stream until its ACK, a cost on every request. The edge bounds an
+	// exchange with its tunnel timeout, and heartbeats find a dead agent.
+	yc.StreamOpenTimeout = 0
 	yc.StreamCloseTimeout = 5 * time.Minute
 	yc.LogOutput = logOut
 	if err := yamux.VerifyConfig(yc); err != nil {

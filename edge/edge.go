@@ -274,11 +274,13 @@ func (e *Edge) Close() error {
 		if e.ctrlLn != nil {
 			e.ctrlLn.Close()
 		}
-		for _, ln := range e.listeners {
-			ln.Close()
-		}
+		// Servers first: a listener closed under a running server would
+		// make it report an accept error instead of ErrServerClosed.
 		for _, srv := range e.servers {
 			srv.Close()
+		}
+		for _, ln := range e.listeners {
+			ln.Close()
 		}
 		for _, s := range sessions {
 			s.close()

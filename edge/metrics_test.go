@@ -2,7 +2,6 @@ package edge_test
 
 import (
 	"bufio"
-	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -295,27 +294,11 @@ func dialBare(t *testing.T, e *tunneltest.Edge, id string) (*yamux.Session, net.
 
 func dialBareToken(t *testing.T, e *tunneltest.Edge, id, token string) (*yamux.Session, net.Conn) {
 	t.Helper()
-	conn, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
-	if err != nil {
-		t.Fatal(err)
+	r, m := e.DialRaw(t, &mux.Hello{Version: mux.Version, InstanceID: id, Token: token})
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
 	}
-	ys, err := yamux.Client(conn, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ys.Close() })
-	ctrl, err := ys.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctrl.SetDeadline(time.Now().Add(10 * time.Second))
-	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: id, Token: token}); err != nil {
-		t.Fatal(err)
-	}
-	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v %v", m, err)
-	}
-	return ys, ctrl
+	return r.YS, r.Ctrl
 }
 
 // TestMetricsSessionEndHeartbeatTimeout connects a bare agent that says

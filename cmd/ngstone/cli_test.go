@@ -35,6 +35,13 @@ func startProc(t *testing.T, env []string, args ...string) *proc {
 	t.Helper()
 	cmd := exec.Command(ngstoneBin, args...)
 	cmd.Env = append(os.Environ(), env...)
+	return runProc(t, cmd)
+}
+
+// runProc starts cmd and collects its output until the test ends.
+func runProc(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	args := cmd.Args[1:]
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -177,32 +176,7 @@ func startProcAs(t *testing.T, cred *syscall.Credential, dir string, env []strin
 	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
 	cmd.Dir = dir
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	p := &proc{cmd: cmd, lines: make(chan string, 100), exited: make(chan struct{})}
-	cmd.Stderr = &lockedWriter{p: p}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			p.lines <- sc.Text()
-		}
-		close(p.lines)
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-p.exited
-		if t.Failed() {
-			t.Logf("%s stderr:\n%s", strings.Join(args, " "), p.stderrText())
-		}
-	})
-	return p
+	return runProc(t, cmd)
 }
 
 // procUID returns the real uid of process pid.

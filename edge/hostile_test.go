@@ -354,3 +354,44 @@ func TestIdleVisitorsAndSlowloris(t *testing.T) {
 		t.Fatalf("after the attack: %d", s)
 	}
 }
+
+// TestConnectionLimits: past the per-address bound, new visitor connections
+// are closed at once; closing one frees its place.
+func TestConnectionLimits(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.MaxConnsPerIP = 5
+	e := tunneltest.StartEdge(t, cfg)
+	var held []net.Conn
+	t.Cleanup(func() {
+		for _, c := range held {
+			c.Close()
+		}
+	})
+	probe := func() bool {
+		c, err := net.Dial("tcp", e.Addr("http").String())
+		if err != nil {
+			return false
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		io.WriteString(c, "GET / HTTP/1.1\r\nHost: x."+tunneltest.Domain+"\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			c.Close()
+			return false
+		}
+		resp.Body.Close()
+		held = append(held, c)
+		return true
+	}
+	for i := range 5 {
+		if !probe() {
+			t.Fatalf("connection %d within the limit refused", i+1)
+		}
+	}
+	if probe() {
+		t.Fatal("a sixth connection from one address was served")
+	}
+	held[0].Close()
+	held = held[1:]
+	tunneltest.Eventually(t, 5*time.Second, "a freed place to be reusable", probe)
+}

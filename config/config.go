@@ -9,7 +9,6 @@
 package config
 
 import (
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -229,7 +228,3 @@ func (e *errs) set(err error) {
 		e.err = err
 	}
 }
-
-// ErrUsage marks errors in what the user asked for (flags, environment,
-// file), as opposed to failures at run time.
-var ErrUsage = errors.New("usage")

@@ -89,7 +89,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 		e.evict(*res.Previous)
 	}
 	e.metrics.bound(res.Outcome)
-	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome, "takeover", takeover)
+	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(), "takeover", takeover)
 	urls := e.URLs(host)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
 }

@@ -109,32 +109,21 @@ func DefaultConfig() Config {
 	}
 }
 
-// withDefaults fills zero durations.
+// withDefaults fills zero durations and a nil reserved list.
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	if c.HeartbeatTimeout <= 0 {
-		c.HeartbeatTimeout = d.HeartbeatTimeout
-	}
-	if c.TunnelTimeout <= 0 {
-		c.TunnelTimeout = d.TunnelTimeout
-	}
-	if c.HelloTimeout <= 0 {
-		c.HelloTimeout = d.HelloTimeout
-	}
-	if c.ShutdownGrace <= 0 {
-		c.ShutdownGrace = d.ShutdownGrace
+	for _, f := range []struct{ v, def *time.Duration }{
+		{&c.HeartbeatTimeout, &d.HeartbeatTimeout}, {&c.TunnelTimeout, &d.TunnelTimeout},
+		{&c.HelloTimeout, &d.HelloTimeout}, {&c.ShutdownGrace, &d.ShutdownGrace},
+		{&c.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&c.IdleTimeout, &d.IdleTimeout},
+		{&c.AuthFailureWindow, &d.AuthFailureWindow},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
 	}
 	if c.ReservedNames == nil {
 		c.ReservedNames = d.ReservedNames
-	}
-	if c.ReadHeaderTimeout <= 0 {
-		c.ReadHeaderTimeout = d.ReadHeaderTimeout
-	}
-	if c.IdleTimeout <= 0 {
-		c.IdleTimeout = d.IdleTimeout
-	}
-	if c.AuthFailureWindow <= 0 {
-		c.AuthFailureWindow = d.AuthFailureWindow
 	}
 	c.TLS.Domain = c.Domain
 	return c

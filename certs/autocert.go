@@ -3,6 +3,7 @@ package certs
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -18,9 +19,15 @@ import (
 
 // autocertMode issues a certificate per host with x/crypto's autocert,
 // through TLS-ALPN-01 on the HTTPS listener or HTTP-01 on the plain one,
-// for DOMAIN and the hostnames the HostPolicy allows. autocert renews each
-// certificate on a timer of its own (it has no way to stop them; they fire
-// 30 days before expiry).
+// for DOMAIN and the hostnames the HostPolicy allows.
+//
+// autocert renews each certificate on a timer of its own (a third of its
+// lifetime, at most 30 days, before expiry), re-armed after every attempt,
+// with no way to stop it. So close cannot stop the timers; it makes them
+// inert instead: past close, autocert's cache and ACME client refuse every
+// call, so a renewal that fires does no I/O, fails, and re-arms 30-60
+// minutes later. What stays is the closed autocert.Manager in memory, held
+// by its timers.
 type autocertMode struct {
 	cfg   Config
 	log   *slog.Logger
@@ -28,7 +35,9 @@ type autocertMode struct {
 
 	m      atomic.Pointer[autocert.Manager] // set by start
 	http01 atomic.Pointer[http.Handler]     // set by start
-	client *http.Client
+	client *http.Client                     // set by start
+	tr     *http.Transport                  // client's, for close
+	closed atomic.Bool
 
 	mu     sync.Mutex
 	expiry map[string]time.Time // by host, as last served
@@ -51,12 +60,14 @@ func (a *autocertMode) start(ctx context.Context) error {
 		dir = autocert.DefaultACMEDirectory
 	}
 	a.client = acmeHTTPClient(roots)
+	a.tr = a.client.Transport.(*http.Transport)
+	a.client.Transport = closableTransport{a.tr, &a.closed}
 	if err := checkDirectory(ctx, dir, roots); err != nil {
 		return err
 	}
 	m := &autocert.Manager{
 		Prompt:     autocert.AcceptTOS,
-		Cache:      autocert.DirCache(filepath.Join(a.cfg.DataDir, "autocert")),
+		Cache:      closableCache{autocert.DirCache(filepath.Join(a.cfg.DataDir, "autocert")), &a.closed},
 		HostPolicy: a.policy,
 		Email:      a.cfg.ACMEEmail,
 		Client:     &acme.Client{DirectoryURL: dir, HTTPClient: a.client, UserAgent: "ngstone"},
@@ -119,8 +130,56 @@ func (a *autocertMode) notAfter() map[string]time.Time {
 func (a *autocertMode) reload() error { return nil }
 
 func (a *autocertMode) close() error {
-	if a.client != nil {
-		a.client.CloseIdleConnections()
+	a.closed.Store(true)
+	if a.tr != nil {
+		a.tr.CloseIdleConnections()
 	}
 	return nil
+}
+
+// errAutocertClosed answers autocert's cache and ACME calls after close.
+var errAutocertClosed = errors.New("autocert closed")
+
+// closableCache is autocert's cache until closed is set, then refuses.
+type closableCache struct {
+	autocert.Cache
+	closed *atomic.Bool
+}
+
+func (c closableCache) Get(ctx context.Context, key string) ([]byte, error) {
+	if c.closed.Load() {
+		return nil, errAutocertClosed
+	}
+	return c.Cache.Get(ctx, key)
+}
+
+func (c closableCache) Put(ctx context.Context, key string, data []byte) error {
+	if c.closed.Load() {
+		return errAutocertClosed
+	}
+	return c.Cache.Put(ctx, key, data)
+}
+
+func (c closableCache) Delete(ctx context.Context, key string) error {
+	if c.closed.Load() {
+		return errAutocertClosed
+	}
+	return c.Cache.Delete(ctx, key)
+}
+
+// closableTransport is the ACME client's transport until closed is set,
+// then refuses every request.
+type closableTransport struct {
+	http.RoundTripper
+	closed *atomic.Bool
+}
+
+func (t closableTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.closed.Load() {
+		if r.Body != nil {
+			r.Body.Close()
+		}
+		return nil, errAutocertClosed
+	}
+	return t.RoundTripper.RoundTrip(r)
 }

@@ -1,6 +1,8 @@
 package certs
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"testing"
 )
@@ -10,16 +12,15 @@ import (
 // refuses a host outside the policy.
 func TestAutocert(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
 	httpLn, tlsLn := listenLoopback(t), listenLoopback(t)
-	p := startPebble(t, portOf(httpLn), portOf(tlsLn), d.addr)
+	_, p := startACME(t, portOf(httpLn), portOf(tlsLn))
 	bound := "app." + testDomain
 	cfg := Config{
 		Mode:       ModeAutocert,
 		Domain:     testDomain,
 		DataDir:    t.TempDir(),
-		ACMECA:     p.dirURL,
-		ACMECARoot: p.rootFile,
+		ACMECA:     p.DirectoryURL,
+		ACMECARoot: p.RootFile,
 		ACMEEmail:  "ops@" + testDomain,
 	}
 	m, err := startManager(t, cfg, allowOnly(bound))
@@ -29,7 +30,7 @@ func TestAutocert(t *testing.T) {
 	serveTLS(t, tlsLn, m)
 	serveHTTP(t, httpLn, m.HTTPHandler(http.NotFoundHandler()))
 
-	body, leaf, err := get(t, p.roots, tlsLn.Addr().String(), bound)
+	body, leaf, err := get(t, p.Roots, tlsLn.Addr().String(), bound)
 	if err != nil {
 		t.Fatalf("GET bound host: %v", err)
 	}
@@ -40,7 +41,7 @@ func TestAutocert(t *testing.T) {
 		t.Error(err)
 	}
 	for _, host := range []string{"unbound." + testDomain, "elsewhere.example"} {
-		if _, _, err := get(t, p.roots, tlsLn.Addr().String(), host); err == nil {
+		if _, _, err := get(t, p.Roots, tlsLn.Addr().String(), host); err == nil {
 			t.Errorf("GET %s succeeded; want a refused handshake", host)
 		}
 	}
@@ -50,20 +51,41 @@ func TestAutocert(t *testing.T) {
 	if got := m.TLSConfig().NextProtos; len(got) != 3 || got[2] != acmeTLS1 {
 		t.Errorf("NextProtos = %v, want h2, http/1.1, %s", got, acmeTLS1)
 	}
+	checkAutocertInert(t, m, p.DirectoryURL)
+}
+
+// checkAutocertInert: after Close, what an autocert renewal timer does when
+// it fires (read the cache, then talk to the CA) fails without I/O.
+func checkAutocertInert(t *testing.T, m *Manager, dirURL string) {
+	t.Helper()
+	a := m.p.(*autocertMode)
+	if err := m.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := a.m.Load().Cache.Get(ctx, "acme_account+key"); !errors.Is(err, errAutocertClosed) {
+		t.Errorf("cache after Close: %v, want %v", err, errAutocertClosed)
+	}
+	resp, err := a.client.Get(dirURL)
+	if err == nil {
+		resp.Body.Close()
+	}
+	if !errors.Is(err, errAutocertClosed) {
+		t.Errorf("ACME request after Close: %v, want %v", err, errAutocertClosed)
+	}
 }
 
 // TestAutocertBadCARoot: an ACME server not trusted through acme-ca-root
 // stops Start with an error naming the setting.
 func TestAutocertBadCARoot(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
-	p := startPebble(t, 0, 0, d.addr)
-	cfg := Config{Mode: ModeAutocert, Domain: testDomain, DataDir: t.TempDir(), ACMECA: p.dirURL}
+	_, p := startACME(t, 0, 0)
+	cfg := Config{Mode: ModeAutocert, Domain: testDomain, DataDir: t.TempDir(), ACMECA: p.DirectoryURL}
 	_, err := startManager(t, cfg, nil)
 	if err == nil {
 		t.Fatal("Start succeeded against an untrusted ACME server")
 	}
-	if want := "tls-mode autocert: acme-ca " + p.dirURL; !contains(err.Error(), want) {
+	if want := "tls-mode autocert: acme-ca " + p.DirectoryURL; !contains(err.Error(), want) {
 		t.Errorf("error %q does not start with %q", err, want)
 	}
 }

@@ -71,10 +71,14 @@ func (c *certmagicMode) start(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		propagation := c.cfg.DNSPropagationTimeout
+		if propagation < 0 {
+			propagation = -1 // the one value certmagic reads as "skip the check"
+		}
 		solver = &certmagic.DNS01Solver{DNSManager: certmagic.DNSManager{
 			DNSProvider:        dp,
 			Resolvers:          c.cfg.DNSResolvers,
-			PropagationTimeout: c.cfg.DNSPropagationTimeout,
+			PropagationTimeout: propagation,
 			Logger:             zl,
 		}}
 	}

@@ -11,18 +11,20 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngstone/ngstone/internal/acmetest"
 )
 
 // acmeConfig is a certmagic-mode Config against p, resolving with d.
-func acmeConfig(t *testing.T, p *pebbleCA, d *testDNS) Config {
+func acmeConfig(t *testing.T, p *acmetest.CA, d *acmetest.DNS) Config {
 	return Config{
 		Mode:         ModeCertmagic,
 		Domain:       testDomain,
 		DataDir:      t.TempDir(),
-		ACMECA:       p.dirURL,
-		ACMECARoot:   p.rootFile,
+		ACMECA:       p.DirectoryURL,
+		ACMECARoot:   p.RootFile,
 		ACMEEmail:    "ops@" + testDomain,
-		DNSResolvers: []string{d.addr},
+		DNSResolvers: []string{d.Addr},
 	}
 }
 
@@ -40,14 +42,14 @@ func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error)
 
 // TestCertmagicWildcardDNS01 obtains *.DOMAIN and DOMAIN from pebble through
 // DNS-01 (rfc2136 updates to a DNS server that pebble then queries), and a
-// visitor trusting only pebble's root gets a response from app.DOMAIN.
+// visitor trusting only pebble's root gets a response from app.DOMAIN; a
+// client that sends no SNI gets the DOMAIN certificate.
 func TestCertmagicWildcardDNS01(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
-	p := startPebble(t, 0, 0, d.addr)
+	d, p := startACME(t, 0, 0)
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSRFC2136
-	cfg.DNSCredentials = d.rfc2136Creds()
+	cfg.DNSCredentials = d.RFC2136Credentials()
 	m, err := startManager(t, cfg, nil)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -56,7 +58,7 @@ func TestCertmagicWildcardDNS01(t *testing.T) {
 	serveTLS(t, ln, m)
 
 	for _, host := range []string{"app." + testDomain, testDomain} {
-		body, leaf, err := get(t, p.roots, ln.Addr().String(), host)
+		body, leaf, err := get(t, p.Roots, ln.Addr().String(), host)
 		if err != nil {
 			t.Fatalf("GET https://%s/: %v", host, err)
 		}
@@ -67,6 +69,7 @@ func TestCertmagicWildcardDNS01(t *testing.T) {
 			t.Errorf("leaf for %s: %v", host, err)
 		}
 	}
+	checkNoSNI(t, ln.Addr().String(), p.Roots)
 	na := m.NotAfter()
 	for _, name := range []string{"*." + testDomain, testDomain} {
 		if na[name].Before(time.Now()) {
@@ -80,13 +83,13 @@ func TestCertmagicWildcardDNS01(t *testing.T) {
 // server pebble queries; the token comes from a *_FILE variable.
 func TestCertmagicCloudflare(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
-	p := startPebble(t, 0, 0, d.addr)
+	d, p := startACME(t, 0, 0)
 	api := startFakeCloudflare(t, d, "good-token")
 	tokenFile := writeTemp(t, "token", "good-token\n")
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSCloudflare
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL}
+	cfg.DNSPropagationTimeout = -time.Second // pebble's own lookup still checks the record
 	cfg.getenv = fakeEnv(map[string]string{"CLOUDFLARE_API_TOKEN_FILE": tokenFile})
 	m, err := startManager(t, cfg, nil)
 	if err != nil {
@@ -94,7 +97,7 @@ func TestCertmagicCloudflare(t *testing.T) {
 	}
 	ln := listenLoopback(t)
 	serveTLS(t, ln, m)
-	if _, _, err := get(t, p.roots, ln.Addr().String(), "app."+testDomain); err != nil {
+	if _, _, err := get(t, p.Roots, ln.Addr().String(), "app."+testDomain); err != nil {
 		t.Fatalf("GET: %v", err)
 	}
 }
@@ -103,8 +106,7 @@ func TestCertmagicCloudflare(t *testing.T) {
 // Start fail, naming the mode and the provider.
 func TestCertmagicBadTokenStopsStart(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
-	p := startPebble(t, 0, 0, d.addr)
+	d, p := startACME(t, 0, 0)
 	api := startFakeCloudflare(t, d, "good-token")
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSCloudflare
@@ -124,11 +126,11 @@ func TestCertmagicBadTokenStopsStart(t *testing.T) {
 // bound hostname, and refuses one the policy refuses and one outside DOMAIN.
 func TestCertmagicOnDemand(t *testing.T) {
 	t.Parallel()
-	d := startDNS(t)
-	p := startPebble(t, 0, 0, d.addr)
+	d, p := startACME(t, 0, 0)
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSRFC2136
-	cfg.DNSCredentials = d.rfc2136Creds()
+	cfg.DNSCredentials = d.RFC2136Credentials()
+	cfg.DNSPropagationTimeout = -time.Second
 	cfg.OnDemand = true
 	bound := "app." + testDomain
 	m, err := startManager(t, cfg, allowOnly(bound))
@@ -138,7 +140,7 @@ func TestCertmagicOnDemand(t *testing.T) {
 	ln := listenLoopback(t)
 	serveTLS(t, ln, m)
 
-	_, leaf, err := get(t, p.roots, ln.Addr().String(), bound)
+	_, leaf, err := get(t, p.Roots, ln.Addr().String(), bound)
 	if err != nil {
 		t.Fatalf("GET bound host: %v", err)
 	}
@@ -146,7 +148,7 @@ func TestCertmagicOnDemand(t *testing.T) {
 		t.Errorf("on-demand leaf names = %v, want [%s]", leaf.DNSNames, bound)
 	}
 	for _, host := range []string{"unbound." + testDomain, "elsewhere.example"} {
-		if _, _, err := get(t, p.roots, ln.Addr().String(), host); err == nil {
+		if _, _, err := get(t, p.Roots, ln.Addr().String(), host); err == nil {
 			t.Errorf("GET %s succeeded; want a refused handshake", host)
 		}
 	}
@@ -191,7 +193,7 @@ func TestSlidingWindow(t *testing.T) {
 
 // startFakeCloudflare fakes the part of the Cloudflare API v4 the provider
 // uses, for one zone, accepting only token; records go into d.
-func startFakeCloudflare(t *testing.T, d *testDNS, token string) *httptest.Server {
+func startFakeCloudflare(t *testing.T, d *acmetest.DNS, token string) *httptest.Server {
 	var mu sync.Mutex
 	records := map[string]cfRecord{}
 	reply := func(w http.ResponseWriter, code int, result any) {
@@ -213,9 +215,7 @@ func startFakeCloudflare(t *testing.T, d *testDNS, token string) *httptest.Serve
 		rec.ID = rec.Content[:8]
 		records[rec.ID] = rec
 		mu.Unlock()
-		d.mu.Lock()
-		d.txt[rec.Name+"."] = append(d.txt[rec.Name+"."], rec.Content)
-		d.mu.Unlock()
+		d.AddTXT(rec.Name, rec.Content)
 		reply(w, 200, rec)
 	})
 	mux.HandleFunc("GET /zones/z1/dns_records", func(w http.ResponseWriter, r *http.Request) {
@@ -234,9 +234,7 @@ func startFakeCloudflare(t *testing.T, d *testDNS, token string) *httptest.Serve
 		rec := records[r.PathValue("id")]
 		delete(records, r.PathValue("id"))
 		mu.Unlock()
-		d.mu.Lock()
-		d.txt[rec.Name+"."] = without(d.txt[rec.Name+"."], rec.Content)
-		d.mu.Unlock()
+		d.RemoveTXT(rec.Name, rec.Content)
 		reply(w, 200, map[string]string{"id": rec.ID})
 	})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

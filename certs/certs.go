@@ -233,8 +233,20 @@ func (m *Manager) TLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:     tls.VersionTLS12,
 		NextProtos:     protos,
-		GetCertificate: m.p.getCertificate,
+		GetCertificate: m.getCertificate,
 	}
+}
+
+// getCertificate answers a handshake without SNI (a client that dialed an
+// IP address, such as an agent given --edge IP:PORT) as one for DOMAIN:
+// the ACME modes would otherwise have no name to pick a certificate by.
+func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	if hello.ServerName == "" {
+		h := *hello
+		h.ServerName = m.cfg.Domain
+		hello = &h
+	}
+	return m.p.getCertificate(hello)
 }
 
 // acmeTLS1 is the ALPN protocol of the TLS-ALPN-01 challenge (RFC 8737).

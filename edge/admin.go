@@ -17,6 +17,10 @@ type Tunnel struct {
 	URL           string    `json:"url"`
 	InstanceID    string    `json:"instance_id"`
 	SessionID     uint64    `json:"session_id"`
+	// Node is the edge holding the session, in a cluster. Online,
+	// LastHeartbeat and RemoteAddr are measured there: this edge reports
+	// them only for its own sessions.
+	Node string `json:"node,omitempty"`
 	Generation    uint64    `json:"generation"`
 	Online        bool      `json:"online"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
@@ -28,6 +32,13 @@ func (e *Edge) adminHandler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		if e.cluster != nil && !e.cluster.store.Ready() {
+			// A load balancer should send agents to an edge that can
+			// vouch for them.
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("cluster registry unavailable"))
+			return
+		}
 		w.Write([]byte("ok"))
 	})
 	m.Handle("GET /metrics", e.requireToken(e.metrics.handler()))
@@ -97,7 +108,10 @@ func (e *Edge) Tunnels(ctx context.Context) ([]Tunnel, error) {
 func (e *Edge) tunnel(b registry.Binding, now time.Time) Tunnel {
 	t := Tunnel{
 		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname)), InstanceID: b.InstanceID,
-		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(),
+		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(), Node: b.Node,
+	}
+	if !e.local(b) {
+		return t
 	}
 	if s := e.session(b.SessionID); s != nil {
 		t.Online = s.live(now)

@@ -66,7 +66,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	}
 	res, err := e.store.Bind(ctx, registry.Claim{
 		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
-		SessionID: s.id, Exclusive: exclusive,
+		SessionID: s.id, Node: e.nodeName(), Exclusive: exclusive,
 	})
 	if errors.Is(err, registry.ErrTaken) {
 		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)

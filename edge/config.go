@@ -80,7 +80,10 @@ type Config struct {
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config
 	// Store holds the bindings; nil means a registry.Memory of this edge.
+	// Cluster, when set, replaces it.
 	Store registry.Store `json:"-"`
+	// Cluster shares the registry with other edges; nil runs alone.
+	Cluster *ClusterConfig `json:"-"`
 }
 
 // DefaultConfig returns the documented defaults of `ngstone edge`.

@@ -38,6 +38,9 @@ type Edge struct {
 	certs   *certs.Manager
 	proxy   http.Handler
 	metrics *metrics
+	// cluster is nil on an edge that runs alone.
+	cluster      *cluster
+	clusterProxy http.Handler
 	// policies are the accepted tokens: --token ones unrestricted, then
 	// the --tokens-file entries. Empty means an open edge.
 	policies []*TokenPolicy
@@ -48,6 +51,7 @@ type Edge struct {
 	mu       sync.Mutex
 	sessions map[uint64]*session
 	offline  []offlineBinding
+	unclosed []uint64 // cluster sessions whose close failed, to retry
 	closing  bool
 
 	listeners map[string]net.Listener
@@ -86,6 +90,14 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 	if e.store == nil {
 		e.store = registry.NewMemory(e.holderLive)
 	}
+	if cfg.Cluster != nil {
+		c, err := newCluster(cfg.Cluster, cfg.TunnelTimeout)
+		if err != nil {
+			return nil, err
+		}
+		e.cluster, e.store = c, c.store
+		e.clusterProxy = e.newClusterProxy()
+	}
 	m, err := certs.New(cfg.TLS, log, e.certPolicy)
 	if err != nil {
 		return nil, err
@@ -111,16 +123,25 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 	if err := e.listen(); err != nil {
 		return err
 	}
+	if e.cluster != nil {
+		if err := e.startCluster(ctx); err != nil {
+			return err
+		}
+	}
 	e.serve(ctx)
 	e.log.Info("edge started", "domain", e.cfg.Domain, "addrs", e.addrStrings())
 	return nil
 }
 
 func (e *Edge) listen() error {
-	for name, addr := range map[string]string{
+	addrs := map[string]string{
 		"http": e.cfg.HTTPAddr, "https": e.cfg.HTTPSAddr,
 		"control": e.cfg.ControlAddr, "admin": e.cfg.AdminAddr,
-	} {
+	}
+	if e.cluster != nil {
+		addrs["cluster"] = e.cfg.Cluster.Addr
+	}
+	for name, addr := range addrs {
 		if addr == "" {
 			continue
 		}
@@ -142,6 +163,9 @@ func (e *Edge) serve(ctx context.Context) {
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
+	}
+	if ln := e.listeners["cluster"]; ln != nil {
+		e.serveHTTP(ln, e.clusterHandler(), e.cluster.serverTLS)
 	}
 	tc := e.certs.TLSConfig()
 	tc.NextProtos = []string{mux.ALPN}
@@ -184,7 +208,7 @@ func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 }
 
 // Addr returns the bound address of a listener: "http", "https",
-// "control" or "admin"; nil if it is not listening.
+// "control", "admin" or "cluster"; nil if it is not listening.
 func (e *Edge) Addr(name string) net.Addr {
 	if ln := e.listeners[name]; ln != nil {
 		return ln.Addr()
@@ -290,6 +314,10 @@ func (e *Edge) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		e.releaseOffline(ctx, time.Time{})
 		cancel()
+		if e.cluster != nil {
+			e.cluster.forward.CloseIdleConnections()
+			e.cluster.store.Close()
+		}
 		e.certs.Close()
 		close(e.done)
 	})
@@ -354,6 +382,7 @@ func (e *Edge) reap(ctx context.Context) {
 				}
 			}
 			e.releaseOffline(ctx, now)
+			e.retryUnclosed()
 			e.auth.sweep(now)
 		}
 	}

@@ -17,6 +17,7 @@ import (
 // transport's dialer opens its stream on exactly this session.
 type route struct {
 	s          *session
+	node       string // the owning edge, when s is nil (cluster mode)
 	hostname   string
 	generation uint64
 }
@@ -55,20 +56,23 @@ func (e *Edge) visitorHandler() http.Handler {
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, max)
 		}
-		b, ok, err := e.store.Get(r.Context(), host)
-		if err != nil || !ok {
+		b, ok := e.lookup(r.Context(), host)
+		if !ok {
 			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
 			return
 		}
-		s := e.session(b.SessionID)
-		if s == nil || !s.live(time.Now()) {
-			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
-			return
+		rt := route{node: b.Node, hostname: host, generation: b.Generation}
+		if e.local(b) {
+			rt.s = e.session(b.SessionID)
+			if rt.s == nil || !rt.s.live(time.Now()) {
+				mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+				return
+			}
 		}
 		// Let bodies stream both ways at once, as the local service may
 		// answer while the visitor is still uploading.
 		http.NewResponseController(w).EnableFullDuplex()
-		ctx := context.WithValue(r.Context(), routeKey{}, route{s: s, hostname: host, generation: b.Generation})
+		ctx := context.WithValue(r.Context(), routeKey{}, rt)
 		e.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
@@ -82,7 +86,7 @@ func (e *Edge) newProxy() http.Handler {
 			pr.Out.URL.Host = "ngstone"
 			pr.Out.Host = pr.In.Host
 		},
-		Transport:    &streamTransport{e: e},
+		Transport:    &routeTransport{e: e, local: &streamTransport{e: e}},
 		BufferPool:   mux.BufferPool{},
 		ErrorHandler: e.proxyError,
 	}
@@ -118,7 +122,9 @@ func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		// The visitor left; nobody reads this answer.
 		w.WriteHeader(http.StatusBadGateway)
 		return
-	case errors.Is(err, errNoRoute):
+	case errors.Is(err, errNotBound):
+		mux.WriteVisitorError(w, mux.CodeTunnelNotFound, rt.hostname)
+	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
 		mux.WriteVisitorError(w, mux.CodeTunnelOffline, rt.hostname)
 	case errors.Is(err, errTooManyStreams):
 		mux.WriteVisitorError(w, mux.CodeTooManyRequests, rt.hostname)

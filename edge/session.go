@@ -144,14 +144,14 @@ func (s *session) handshake(ctx context.Context, deadline time.Time) error {
 		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "the first control message must be hello"})
 		return fmt.Errorf("first message was %s, not hello", msg.MessageType())
 	}
-	if err := s.acceptHello(h); err != nil {
+	if err := s.acceptHello(ctx, h); err != nil {
 		return err
 	}
 	s.log.Info("agent connected")
 	return nil
 }
 
-func (s *session) acceptHello(h *mux.Hello) error {
+func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 	e := s.e
 	if h.Version != mux.Version {
 		s.send(&mux.Error{Code: mux.CodeVersion, Message: fmt.Sprintf("this edge speaks protocol %d, the agent %d: upgrade the older one", mux.Version, h.Version)})
@@ -171,7 +171,11 @@ func (s *session) acceptHello(h *mux.Hello) error {
 	s.instanceID, s.tokenID, s.policy = h.InstanceID, tokenID(h.Token), policy
 	s.log = s.log.With("instance", s.instanceID) // before other goroutines can see s
 	s.lastBeat.Store(time.Now().UnixNano())
+	if err := e.openClusterSession(ctx, s); err != nil {
+		return err
+	}
 	if err := e.register(s); err != nil {
+		e.closeClusterSession(s.id)
 		return err
 	}
 	s.hello.Store(true)
@@ -397,6 +401,7 @@ func (e *Edge) endSession(s *session) {
 		e.offline = append(e.offline, offlineBinding{host: host, session: s.id, gen: gen, until: until})
 	}
 	e.mu.Unlock()
+	e.closeClusterSession(s.id)
 	s.log.Info("agent disconnected", "offline_bindings", len(held))
 }
 
@@ -436,8 +441,13 @@ func (e *Edge) releaseOffline(ctx context.Context, now time.Time) {
 // evict fences prev's session for its hostname, tells it so, and drains it
 // when it holds nothing else.
 func (e *Edge) evict(prev registry.Binding) {
+	if !e.local(prev) {
+		return
+	}
 	old := e.session(prev.SessionID)
-	if old == nil {
+	if old == nil || !old.holds(prev.Hostname, prev.Generation) {
+		// Gone, or fenced already: the registry's watch reports our own
+		// releases and takeovers too.
 		return
 	}
 	e.metrics.evicted()

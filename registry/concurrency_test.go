@@ -216,7 +216,7 @@ func testRandomized(t *testing.T, newStore newStoreFunc) {
 	hosts := []string{"a.example.com", "b.example.com", "c.example.com"}
 	instances := []string{instA, instB, "cccccccccccccccccccccccccccccccc", "dddddddddddddddddddddddddddddddd"}
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	hist := newHistory(t, hosts)
 	var nextSess atomic.Uint64
 	seed := uint64(time.Now().UnixNano())

@@ -10,13 +10,13 @@ import (
 	"github.com/ngstone/ngstone/registry"
 )
 
-// newStoreFunc builds an empty Store whose holders' liveness is answered by
-// live. Every Store implementation runs testStore through one of these.
-type newStoreFunc func(t *testing.T, live registry.LivenessFunc) registry.Store
+// newStoreFunc builds an empty Store whose holders' liveness follows l.
+// Every Store implementation runs testStore through one of these.
+type newStoreFunc func(t *testing.T, l *liveness) registry.Store
 
 func TestMemory(t *testing.T) {
-	testStore(t, func(t *testing.T, live registry.LivenessFunc) registry.Store {
-		return registry.NewMemory(live)
+	testStore(t, func(t *testing.T, l *liveness) registry.Store {
+		return registry.NewMemory(l.live)
 	})
 }
 
@@ -45,12 +45,17 @@ func testStore(t *testing.T, newStore newStoreFunc) {
 	}
 }
 
-// liveness is a LivenessFunc the test steers: sessions are live unless
-// marked dead. It counts its calls.
+// liveness is what the test steers: sessions are live unless marked dead.
+// The in-memory store asks it (a LivenessFunc) and it counts those calls;
+// a store that keeps liveness itself is told of each change through hook.
 type liveness struct {
 	mu    sync.Mutex
 	dead  map[uint64]bool
 	calls int
+	// hook, when set, is told every change (the etcd store's sessions).
+	hook func(session uint64, alive bool)
+	// uncounted: the store never calls live, so calls proves nothing.
+	uncounted bool
 }
 
 func newLiveness() *liveness { return &liveness{dead: make(map[uint64]bool)} }
@@ -64,8 +69,18 @@ func (l *liveness) live(b registry.Binding) bool {
 
 func (l *liveness) set(session uint64, alive bool) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.dead[session] = !alive
+	hook := l.hook
+	l.mu.Unlock()
+	if hook != nil {
+		hook(session, alive)
+	}
+}
+
+func (l *liveness) isDead(session uint64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dead[session]
 }
 
 func (l *liveness) callCount() int {
@@ -141,7 +156,7 @@ func mustPrevious(t *testing.T, res registry.Result, want registry.Binding) {
 }
 
 func testCreated(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	if _, ok := get(t, s, host); ok {
 		t.Fatal("an empty store holds a binding")
 	}
@@ -153,7 +168,7 @@ func testCreated(t *testing.T, newStore newStoreFunc) {
 }
 
 func testRule1LiveHolder(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	second := mustBind(t, s, claim(instA, 2), registry.SameInstance)
 	mustPrevious(t, second, first.Binding)
@@ -165,7 +180,7 @@ func testRule1LiveHolder(t *testing.T, newStore newStoreFunc) {
 // consulted for it.
 func testRule1BeforeLiveness(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	l.set(1, false)
 	calls := l.callCount()
@@ -178,7 +193,7 @@ func testRule1BeforeLiveness(t *testing.T, newStore newStoreFunc) {
 
 func testRule1OtherToken(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	other := claim(instA, 2)
 	other.TokenID = "another-token"
@@ -189,14 +204,14 @@ func testRule1OtherToken(t *testing.T, newStore newStoreFunc) {
 }
 
 func testEmptyInstanceID(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	mustBind(t, s, claim("", 1), registry.Created)
 	mustRefuse(t, s, claim("", 2))
 }
 
 func testRule2DeadHolder(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	l.set(1, false)
 	res := mustBind(t, s, claim(instB, 2), registry.DeadHolder)
@@ -206,11 +221,11 @@ func testRule2DeadHolder(t *testing.T, newStore newStoreFunc) {
 
 func testRule3LiveHolder(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	calls := l.callCount()
 	mustRefuse(t, s, claim(instB, 2))
-	if l.callCount() == calls {
+	if !l.uncounted && l.callCount() == calls {
 		t.Fatal("rule 3 refused without consulting liveness")
 	}
 	mustOwn(t, s, first.Binding)
@@ -218,7 +233,7 @@ func testRule3LiveHolder(t *testing.T, newStore newStoreFunc) {
 
 func testExclusive(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	l.set(1, false)
 	for name, c := range map[string]registry.Claim{
@@ -236,7 +251,7 @@ func testExclusive(t *testing.T, newStore newStoreFunc) {
 }
 
 func testUnchanged(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	again, err := s.Bind(context.Background(), claim(instA, 1))
 	if err != nil || again.Outcome != registry.Unchanged || again.Binding != first.Binding || again.Previous != nil {
@@ -246,7 +261,7 @@ func testUnchanged(t *testing.T, newStore newStoreFunc) {
 }
 
 func testOtherNode(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	c := claim(instA, 1)
 	c.Node = "edge-1"
 	first := mustBind(t, s, c, registry.Created)
@@ -257,7 +272,7 @@ func testOtherNode(t *testing.T, newStore newStoreFunc) {
 
 func testGenerations(t *testing.T, newStore newStoreFunc) {
 	l := newLiveness()
-	s := newStore(t, l.live)
+	s := newStore(t, l)
 	ctx := context.Background()
 	var last uint64
 	step := func(what string, gen uint64) {
@@ -289,7 +304,7 @@ func testGenerations(t *testing.T, newStore newStoreFunc) {
 }
 
 func testRelease(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	ctx := context.Background()
 	release := func(hostname string, session, gen uint64, want bool) {
 		t.Helper()
@@ -319,7 +334,7 @@ func testRelease(t *testing.T, newStore newStoreFunc) {
 }
 
 func testList(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	ctx := context.Background()
 	if l, err := s.List(ctx); err != nil || len(l) != 0 {
 		t.Fatalf("List of an empty store = %v, %v", l, err)
@@ -343,7 +358,7 @@ func testList(t *testing.T, newStore newStoreFunc) {
 }
 
 func testEmptyHostname(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	c := claim(instA, 1)
 	c.Hostname = ""
 	if res, err := s.Bind(context.Background(), c); err == nil {
@@ -356,7 +371,7 @@ func testEmptyHostname(t *testing.T, newStore newStoreFunc) {
 // and the owner at the end is the later bind, the one with the higher
 // generation, whose Previous is the earlier.
 func testSameInstanceRace(t *testing.T, newStore newStoreFunc) {
-	s := newStore(t, newLiveness().live)
+	s := newStore(t, newLiveness())
 	const rounds = 200
 	for r := range rounds {
 		hostname := fmt.Sprintf("race%d.example.com", r)

@@ -31,6 +31,9 @@ type link struct {
 	p     *FaultProxy
 	a, b  net.Conn
 	delay time.Duration // guarded by p.mu
+
+	resetOnce sync.Once
+	gone      chan struct{} // closed by reset
 }
 
 type chunk struct {
@@ -53,6 +56,14 @@ func NewFaultProxy(target string) (*FaultProxy, error) {
 
 // Addr is the address agents dial.
 func (p *FaultProxy) Addr() string { return p.ln.Addr().String() }
+
+// SetTarget sends new connections to addr, as a load balancer that moved
+// to another backend; open connections keep theirs.
+func (p *FaultProxy) SetTarget(addr string) {
+	p.mu.Lock()
+	p.target = addr
+	p.mu.Unlock()
+}
 
 // Block makes every path silent: connections stay open, bytes (and new
 // connections' dials to the target) are held until Unblock.
@@ -140,12 +151,15 @@ func (p *FaultProxy) serve(a net.Conn) {
 		a.Close()
 		return
 	}
-	b, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	p.mu.Lock()
+	target := p.target
+	p.mu.Unlock()
+	b, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
 		a.Close()
 		return
 	}
-	l := &link{p: p, a: a, b: b}
+	l := &link{p: p, a: a, b: b, gone: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -174,7 +188,13 @@ func (l *link) pipe(src, dst net.Conn) {
 		defer close(done)
 		for c := range q {
 			if d := time.Until(c.due); d > 0 {
-				time.Sleep(d) // the simulated network delay itself
+				t := time.NewTimer(d) // the simulated network delay itself
+				select {
+				case <-t.C:
+				case <-l.gone:
+					t.Stop()
+					return
+				}
 			}
 			if !l.p.waitOpen() {
 				return
@@ -212,6 +232,7 @@ func (l *link) pipe(src, dst net.Conn) {
 }
 
 func (l *link) reset() {
+	l.resetOnce.Do(func() { close(l.gone) })
 	for _, c := range []net.Conn{l.a, l.b} {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0)

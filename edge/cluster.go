@@ -1,0 +1,449 @@
+package edge
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/ed25519"
+	"crypto/elliptic"
+	"crypto/hkdf"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// Cluster mode: several edges share one registry (registry.Etcd). A
+// visitor request for a hostname bound on another edge is forwarded to that
+// edge, exactly one hop, with the generation the route cache gave. The
+// owner serves it only if one of its sessions holds that generation; else it
+// answers 421 with routeHeader "stale", and the first edge reads the
+// registry again and retries once. The owner never forwards.
+
+// Headers between edges. The owner removes them before the agent sees the
+// request.
+const (
+	generationHeader  = "Ngstone-Generation"
+	forwardedByHeader = "Ngstone-Forwarded-By"
+	routeHeader       = "Ngstone-Route"
+	clusterServerName = "ngstone-cluster"
+)
+
+// MinClusterKey is the shortest accepted cluster key.
+const MinClusterKey = 32
+
+// ClusterConfig joins the edge to a cluster.
+type ClusterConfig struct {
+	// Store is the shared registry. The edge starts it and closes it.
+	Store ClusterStore
+	// Addr is the listener other edges forward visitor requests to, over
+	// mutual TLS. Required.
+	Addr string
+	// Advertise is the address other edges reach Addr at. Empty means
+	// Addr's bound address, with the node name as host when Addr's host is
+	// unspecified (":7443" is advertised as NODE:7443).
+	Advertise string
+	// Key is the secret every edge of the cluster shares: the internal
+	// connections' certificates derive from it, so only its holders can
+	// forward or be forwarded to. At least MinClusterKey characters.
+	Key string `json:"-"`
+}
+
+// ClusterStore is a registry shared by several edges (registry.Etcd).
+type ClusterStore interface {
+	registry.Store
+	Node() string
+	Start(ctx context.Context, addr string, hooks registry.Hooks) error
+	Close() error
+	Ready() bool
+	Lookup(hostname string) (registry.Binding, bool)
+	NodeAddr(node string) (string, bool)
+	OpenSession(ctx context.Context, id uint64) error
+	CloseSession(ctx context.Context, id uint64) error
+}
+
+func (c *ClusterConfig) validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("cluster: no registry store")
+	case c.Store.Node() == "":
+		return errors.New("cluster: node-name is empty: give each edge a unique --node-name")
+	case c.Addr == "":
+		return errors.New("cluster-addr is empty: other edges forward visitor requests to it")
+	case len(c.Key) < MinClusterKey:
+		return fmt.Errorf("cluster-key must be at least %d characters, the same on every edge (e.g. the output of `openssl rand -hex 32`)", MinClusterKey)
+	}
+	return nil
+}
+
+// errNotBound means the registry holds no binding for the hostname.
+var errNotBound = errors.New("edge: hostname not bound")
+
+// errRegistry means the registry could not be read.
+var errRegistry = errors.New("edge: registry unavailable")
+
+// clusterTLS returns the server and client configurations of the internal
+// connections. Every edge derives the same CA key from the cluster key
+// (ed25519 from an HKDF seed) and signs its own short-lived leaf with it;
+// both sides require a leaf of that CA.
+func clusterTLS(key string) (server, client *tls.Config, err error) {
+	seed, err := hkdf.Key(sha256.New, []byte(key), nil, "ngstone cluster CA v1", ed25519.SeedSize)
+	if err != nil {
+		return nil, nil, err
+	}
+	caKey := ed25519.NewKeyFromSeed(seed)
+	epoch := time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "ngstone cluster CA"},
+		NotBefore: epoch, NotAfter: epoch.AddDate(200, 0, 0),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, caKey.Public(), caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster CA: %w", err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		return nil, nil, err
+	}
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 126))
+	leafTmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: clusterServerName},
+		DNSNames:  []string{clusterServerName},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().AddDate(10, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	}
+	leafDER, err := x509.CreateCertificate(rand.Reader, leafTmpl, ca, leafKey.Public(), caKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	leaf := tls.Certificate{Certificate: [][]byte{leafDER}, PrivateKey: leafKey}
+	server = &tls.Config{Certificates: []tls.Certificate{leaf}, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, MinVersion: tls.VersionTLS13, NextProtos: []string{"http/1.1"}}
+	client = &tls.Config{Certificates: []tls.Certificate{leaf}, RootCAs: pool,
+		ServerName: clusterServerName, MinVersion: tls.VersionTLS13, NextProtos: []string{"http/1.1"}}
+	return server, client, nil
+}
+
+// cluster is the edge's side of cluster mode.
+type cluster struct {
+	store     ClusterStore
+	node      string
+	serverTLS *tls.Config
+	forward   *http.Transport
+	// forwarded and retried count requests sent to other edges, and those
+	// sent again after a stale route.
+	forwarded, retried atomic.Int64
+}
+
+func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	server, client, err := clusterTLS(cfg.Key)
+	if err != nil {
+		return nil, err
+	}
+	return &cluster{
+		store: cfg.Store, node: cfg.Store.Node(), serverTLS: server,
+		forward: &http.Transport{
+			Proxy:                 nil,
+			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			TLSClientConfig:       client,
+			TLSHandshakeTimeout:   5 * time.Second,
+			MaxIdleConnsPerHost:   256,
+			IdleConnTimeout:       90 * time.Second,
+			ExpectContinueTimeout: 5 * time.Second,
+			ResponseHeaderTimeout: tunnelTimeout + 5*time.Second,
+			DisableCompression:    true,
+		},
+	}, nil
+}
+
+// startCluster starts the registry with the edge's hooks and its
+// advertised cluster address.
+func (e *Edge) startCluster(ctx context.Context) error {
+	addr := e.cfg.Cluster.Advertise
+	if addr == "" {
+		host, port, _ := net.SplitHostPort(e.listeners["cluster"].Addr().String())
+		if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+			host = e.cluster.node
+		}
+		addr = net.JoinHostPort(host, port)
+	}
+	return e.cluster.store.Start(ctx, addr, registry.Hooks{
+		TakenOver: e.evict,
+		Lost:      e.clusterLost,
+		Regained:  func() { e.log.Info("cluster lease regained: accepting agents again") },
+	})
+}
+
+// clusterLost closes every session: without a lease this edge cannot vouch
+// for them, and their agents reconnect, through the load balancer, to an
+// edge that can.
+func (e *Edge) clusterLost(err error) {
+	e.mu.Lock()
+	sessions := e.sessionListLocked()
+	e.mu.Unlock()
+	e.log.Error("cluster lease lost: closing agent sessions", "sessions", len(sessions), "err", err)
+	var wg sync.WaitGroup
+	for _, s := range sessions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.send(&mux.GoAway{Reason: "edge lost its cluster registry"})
+			s.close()
+		}()
+	}
+	wg.Wait()
+}
+
+// ClusterForwards reports how many visitor requests this edge forwarded to
+// other edges, and how many of those it sent again after a stale route.
+func (e *Edge) ClusterForwards() (forwarded, retried int64) {
+	if e.cluster == nil {
+		return 0, 0
+	}
+	return e.cluster.forwarded.Load(), e.cluster.retried.Load()
+}
+
+// lookup finds hostname's binding: from the route cache in a cluster, from
+// the store alone.
+func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool) {
+	if e.cluster != nil {
+		return e.cluster.store.Lookup(host)
+	}
+	b, ok, err := e.store.Get(ctx, host)
+	return b, ok && err == nil
+}
+
+// local reports whether b is held by a session of this edge.
+func (e *Edge) local(b registry.Binding) bool {
+	return e.cluster == nil || b.Node == e.cluster.node
+}
+
+// routeTransport sends a request to its route: a stream of a local session,
+// or the owning edge.
+type routeTransport struct {
+	e     *Edge
+	local http.RoundTripper
+}
+
+func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	rt, _ := req.Context().Value(routeKey{}).(route)
+	if rt.s != nil {
+		return t.local.RoundTrip(req)
+	}
+	return t.forward(req, rt)
+}
+
+// forward sends req to the edge rt names and, if that edge no longer holds
+// rt's generation, once more to wherever the registry now says.
+func (t *routeTransport) forward(req *http.Request, rt route) (*http.Response, error) {
+	c := t.e.cluster
+	var body *unreadBody
+	if req.Body != nil && req.Body != http.NoBody {
+		// The server closes the visitor's body when the handler returns;
+		// until then it must stay open for a second attempt.
+		body = &unreadBody{r: req.Body}
+	}
+	resp, err := t.forwardOnce(req, rt, body)
+	if err != nil || resp.StatusCode != http.StatusMisdirectedRequest || resp.Header.Get(routeHeader) != "stale" {
+		return resp, err
+	}
+	if body != nil && body.read.Load() {
+		// Some of the body left: it cannot be sent again.
+		resp.Body.Close()
+		return nil, errNoRoute
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+	resp.Body.Close()
+	c.retried.Add(1)
+	b, ok, err := t.e.store.Get(req.Context(), rt.hostname)
+	switch {
+	case err != nil:
+		return nil, errors.Join(errRegistry, err)
+	case !ok:
+		return nil, errNotBound
+	case b.Generation == rt.generation:
+		// The owner refused the generation the registry still names: it
+		// is going away. Never a second hop to it.
+		return nil, errNoRoute
+	case t.e.local(b):
+		s := t.e.session(b.SessionID)
+		if s == nil || !s.live(time.Now()) {
+			return nil, errNoRoute
+		}
+		next := route{s: s, hostname: rt.hostname, generation: b.Generation}
+		return t.local.RoundTrip(withBody(req.WithContext(context.WithValue(req.Context(), routeKey{}, next)), body))
+	}
+	return t.forwardOnce(req, route{node: b.Node, hostname: rt.hostname, generation: b.Generation}, body)
+}
+
+func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBody) (*http.Response, error) {
+	c := t.e.cluster
+	addr, ok := c.store.NodeAddr(rt.node)
+	if !ok {
+		return nil, errNoRoute
+	}
+	out := withBody(req.Clone(req.Context()), body)
+	out.URL.Scheme, out.URL.Host, out.RequestURI = "https", addr, ""
+	out.Header.Set(generationHeader, strconv.FormatUint(rt.generation, 10))
+	out.Header.Set(forwardedByHeader, c.node)
+	if body != nil {
+		// The owner may refuse the route before the body is sent, so the
+		// body can still go to the right edge.
+		out.Header.Set("Expect", "100-continue")
+	}
+	c.forwarded.Add(1)
+	return c.forward.RoundTrip(out)
+}
+
+// withBody gives req the body wrapper, which the forwarding transport may
+// close without closing the visitor's body.
+func withBody(req *http.Request, body *unreadBody) *http.Request {
+	if body != nil {
+		req.Body = body
+	}
+	return req
+}
+
+// unreadBody records whether any byte was read, and ignores Close: the
+// visitor's body is closed once, by the proxy.
+type unreadBody struct {
+	r    io.Reader
+	read atomic.Bool
+}
+
+func (b *unreadBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if n > 0 {
+		b.read.Store(true)
+	}
+	return n, err
+}
+
+func (b *unreadBody) Close() error { return nil }
+
+// clusterHandler serves requests other edges forward: only to a local
+// session that holds the generation they name.
+func (e *Edge) clusterHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, err := NormalizeHost(r.Host)
+		gen, gerr := strconv.ParseUint(r.Header.Get(generationHeader), 10, 64)
+		if err != nil || gerr != nil {
+			mux.WriteVisitorError(w, mux.CodeBadHost, r.Host)
+			return
+		}
+		b, ok := e.cluster.store.Lookup(host)
+		if !ok || b.Node != e.cluster.node || b.Generation != gen {
+			w.Header().Set(routeHeader, "stale")
+			mux.WriteVisitorError(w, mux.CodeMisdirected, host)
+			return
+		}
+		s := e.session(b.SessionID)
+		if s == nil || !s.holds(host, gen) || !s.live(time.Now()) {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
+		r.Header.Del(generationHeader)
+		r.Header.Del(forwardedByHeader)
+		http.NewResponseController(w).EnableFullDuplex()
+		ctx := context.WithValue(r.Context(), routeKey{}, route{s: s, hostname: host, generation: gen})
+		e.clusterProxy.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// newClusterProxy is the owner's proxy for forwarded requests: it keeps the
+// X-Forwarded headers the first edge set, which it trusts (mutual TLS).
+func (e *Edge) newClusterProxy() http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+				if v := pr.In.Header.Values(h); len(v) > 0 {
+					pr.Out.Header[h] = v
+				}
+			}
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = "ngstone"
+			pr.Out.Host = pr.In.Host
+		},
+		// An agent's response must not pose as the owner's refusal.
+		ModifyResponse: func(resp *http.Response) error { resp.Header.Del(routeHeader); return nil },
+		Transport:      &streamTransport{e: e},
+		BufferPool:     mux.BufferPool{},
+		ErrorHandler:   e.proxyError,
+	}
+}
+
+// nodeName is this edge's name in the cluster; empty when alone.
+func (e *Edge) nodeName() string {
+	if e.cluster == nil {
+		return ""
+	}
+	return e.cluster.node
+}
+
+// openClusterSession makes s live in the cluster registry, so other edges'
+// binds see its holder live (rule 3). It refuses the hello when the
+// registry cannot be reached: the agent retries, maybe on another edge.
+func (e *Edge) openClusterSession(ctx context.Context, s *session) error {
+	if e.cluster == nil {
+		return nil
+	}
+	if err := e.cluster.store.OpenSession(ctx, s.id); err != nil {
+		s.send(&mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"})
+		return err
+	}
+	return nil
+}
+
+// closeClusterSession marks session id dead in the registry. A failure is
+// retried by the reaper: until it succeeds, other instances are refused
+// the session's names. Without a lease there is nothing to do: the key
+// goes with the lease.
+func (e *Edge) closeClusterSession(id uint64) {
+	if e.cluster == nil || !e.cluster.store.Ready() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := e.cluster.store.CloseSession(ctx, id); err != nil {
+		e.log.Warn("cluster: could not mark session closed; retrying", "session", id, "err", err)
+		e.mu.Lock()
+		e.unclosed = append(e.unclosed, id)
+		e.mu.Unlock()
+	}
+}
+
+// retryUnclosed retries the session closes that failed.
+func (e *Edge) retryUnclosed() {
+	e.mu.Lock()
+	ids := e.unclosed
+	e.unclosed = nil
+	e.mu.Unlock()
+	for _, id := range ids {
+		e.closeClusterSession(id)
+	}
+}

@@ -1,0 +1,392 @@
+package edge_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/etcdtest"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+const clusterKey = "0123456789abcdef0123456789abcdef-test"
+
+// testCluster is several edges on one etcd, sharing one self-signed CA so
+// that one agent configuration trusts them all.
+type testCluster struct {
+	t       *testing.T
+	prefix  string
+	dataDir string
+}
+
+func newTestCluster(t *testing.T) *testCluster {
+	return &testCluster{t: t, prefix: etcdtest.Prefix(t), dataDir: t.TempDir()}
+}
+
+type clusterEdge struct {
+	*tunneltest.Edge
+	store *registry.Etcd
+}
+
+// start runs edge name; cli is its etcd client (nil: a direct one).
+func (c *testCluster) start(name string, cli *clientv3.Client, tune func(*edge.Config)) *clusterEdge {
+	t := c.t
+	t.Helper()
+	if cli == nil {
+		cli = etcdtest.Client(t)
+	}
+	store := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: c.prefix, Node: name,
+		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, Log: tunneltest.Logger().With("side", name)})
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TLS.DataDir = c.dataDir
+	cfg.Cluster = &edge.ClusterConfig{Store: store, Addr: "127.0.0.1:0", Key: clusterKey}
+	if tune != nil {
+		tune(&cfg)
+	}
+	return &clusterEdge{Edge: tunneltest.StartEdge(t, cfg), store: store}
+}
+
+// etcdProxy returns a client of the shared etcd through a fault proxy.
+func etcdProxy(t *testing.T) (*clientv3.Client, *tunneltest.FaultProxy) {
+	t.Helper()
+	p, err := tunneltest.NewFaultProxy(strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return etcdtest.ClientAt(t, "http://"+p.Addr()), p
+}
+
+func controlProxy(t *testing.T, e *clusterEdge) *tunneltest.FaultProxy {
+	t.Helper()
+	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return p
+}
+
+func startClusterAgent(t *testing.T, e *clusterEdge, edgeAddr, local, sub, instance string) *tunneltest.Agent {
+	t.Helper()
+	ac := e.AgentConfig(edgeAddr, local)
+	ac.Subdomain, ac.InstanceID = sub, instance
+	return tunneltest.StartAgent(t, ac)
+}
+
+// fetch GETs url through e and returns status and body.
+func fetch(t *testing.T, e *clusterEdge, url string) (int, string) {
+	t.Helper()
+	resp, err := e.Client().Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func mustFetch(t *testing.T, e *clusterEdge, url, want string) {
+	t.Helper()
+	if code, body := fetch(t, e, url); code != http.StatusOK || body != want {
+		t.Fatalf("GET %s via %s = %d %q, want 200 %q", url, e.store.Node(), code, body, want)
+	}
+}
+
+const (
+	instX = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+	instY = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
+)
+
+// TestClusterForwarding: an agent on edge A, visitors on edge B get its
+// responses over HTTP and HTTPS, bodies stream through, and the forwarded
+// request carries the visitor's address, not edge B's claims about it.
+func TestClusterForwarding(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.start("a", nil, nil), c.start("b", nil, nil)
+	backend := tunneltest.StartBackend(t)
+	ag := startClusterAgent(t, a, "", backend.Addr(), "app", instX)
+	st := ag.WaitOnline(t)
+	tunneltest.Eventually(t, 5*time.Second, "b to learn the route", func() bool {
+		r, ok := b.store.Lookup("app." + tunneltest.Domain)
+		return ok && r.Generation == st.Generation
+	})
+	mustFetch(t, b, tunneltest.URL("http", "app", "/hello"), "hello")
+	mustFetch(t, b, tunneltest.URL("https", "app", "/hello"), "hello")
+	mustFetch(t, a, tunneltest.URL("https", "app", "/hello"), "hello")
+
+	payload := strings.Repeat("ngstone ", 1<<17) // 1 MiB
+	resp, err := b.Client().Post(tunneltest.URL("https", "app", "/echo"), "text/plain", strings.NewReader(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(got) != payload {
+		t.Fatalf("echo through b: %d, %d bytes back of %d", resp.StatusCode, len(got), len(payload))
+	}
+
+	req, _ := http.NewRequest("GET", tunneltest.URL("http", "app", "/headers"), nil)
+	req.Header.Set("X-Forwarded-For", "203.0.113.9")
+	req.Header.Set("Ngstone-Generation", "1")
+	resp, err = b.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen struct {
+		Host   string
+		Header http.Header
+	}
+	json.NewDecoder(resp.Body).Decode(&seen)
+	resp.Body.Close()
+	if xff := seen.Header.Get("X-Forwarded-For"); xff != "127.0.0.1" {
+		t.Fatalf("the local service saw X-Forwarded-For %q, want the visitor's 127.0.0.1", xff)
+	}
+	if seen.Header.Get("Ngstone-Generation") != "" || seen.Header.Get("Ngstone-Forwarded-By") != "" {
+		t.Fatalf("cluster headers reached the local service: %v", seen.Header)
+	}
+	if seen.Host != "app."+tunneltest.Domain {
+		t.Fatalf("the local service saw Host %q", seen.Host)
+	}
+	if fwd, retried := b.ClusterForwards(); fwd < 4 || retried != 0 {
+		t.Fatalf("b forwarded %d requests with %d retries; want at least 4 and none", fwd, retried)
+	}
+	// Unknown names stay 404 on every edge.
+	if code, _ := fetch(t, b, tunneltest.URL("http", "nobody", "/")); code != http.StatusNotFound {
+		t.Fatalf("unbound name via b = %d, want 404", code)
+	}
+}
+
+// TestClusterClusterKey: an edge with another cluster key is refused at the
+// TLS handshake, so it can neither forward nor be forwarded to.
+func TestClusterClusterKey(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", nil, nil)
+	b := c.start("b", nil, func(cfg *edge.Config) { cfg.Cluster.Key = strings.Repeat("x", 40) })
+	backend := tunneltest.StartBackend(t)
+	startClusterAgent(t, a, "", backend.Addr(), "app", instX).WaitOnline(t)
+	tunneltest.Eventually(t, 5*time.Second, "b to learn the route", func() bool {
+		_, ok := b.store.Lookup("app." + tunneltest.Domain)
+		return ok
+	})
+	code, _ := fetch(t, b, tunneltest.URL("http", "app", "/hello"))
+	if code == http.StatusOK {
+		t.Fatal("an edge with another cluster key forwarded a request")
+	}
+	if _, err := edge.New(edge.Config{Domain: "x.test", ControlAddr: ":0", Cluster: &edge.ClusterConfig{Store: registry.NewEtcd(registry.EtcdConfig{Node: "n"}), Addr: ":0", Key: "short"}}, nil); err == nil || !strings.Contains(err.Error(), "cluster-key") {
+		t.Fatalf("a short cluster key: %v; want an error naming cluster-key", err)
+	}
+}
+
+// TestClusterReconnectToOtherEdge: the agent's path to edge A goes silent
+// while A still believes the session live; the load balancer sends its
+// reconnect to edge B, where it takes its name back at once (same
+// instance); A is told through the watch and fences its session; visitors
+// on both edges reach the agent through B. Another instance is refused on
+// B while the holder is live.
+func TestClusterReconnectToOtherEdge(t *testing.T) {
+	c := newTestCluster(t)
+	slow := func(cfg *edge.Config) { cfg.HeartbeatTimeout = time.Minute } // A will not notice
+	a, b := c.start("a", nil, slow), c.start("b", nil, slow)
+	backend := tunneltest.StartBackend(t)
+	lb := controlProxy(t, a)
+	ac := a.AgentConfig(lb.Addr(), backend.Addr())
+	ac.Subdomain, ac.InstanceID = "app", instX
+	ac.HeartbeatTimeout = 300 * time.Millisecond
+	ag := tunneltest.StartAgent(t, ac)
+	before := ag.WaitOnline(t)
+	host := "app." + tunneltest.Domain
+
+	other := startClusterAgent(t, b, b.Addr("control").String(), backend.Addr(), "app", instY)
+	var re *agent.RefusedError
+	if err := other.Err(); !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken {
+		t.Fatalf("another instance on b: %v; want %s while a's holder is live", err, mux.CodeSubdomainTaken)
+	}
+
+	lb.DelayExisting(time.Hour) // the partition: open paths go silent
+	lb.SetTarget(b.Addr("control").String())
+	cut := time.Now()
+	after := ag.WaitStatus(t, 10*time.Second, "online again, through b", func(s agent.Status) bool {
+		return s.State == agent.StateOnline && s.SessionID != before.SessionID
+	})
+	t.Logf("online on b %v after the partition began (agent heartbeat timeout 300ms)", time.Since(cut).Round(time.Millisecond))
+	if after.InstanceID != before.InstanceID || after.Generation <= before.Generation {
+		t.Fatalf("after the move: %+v; before: %+v", after, before)
+	}
+	tunneltest.Eventually(t, 5*time.Second, "a to learn of the takeover", func() bool {
+		r, ok := a.store.Lookup(host)
+		return ok && r.Node == "b" && r.Generation == after.Generation
+	})
+	mustFetch(t, a, tunneltest.URL("http", "app", "/hello"), "hello")
+	mustFetch(t, b, tunneltest.URL("http", "app", "/hello"), "hello")
+	tn, err := a.Tunnels(context.Background())
+	if err != nil || len(tn) != 1 || tn[0].Node != "b" {
+		t.Fatalf("a's admin view: %+v, %v; want the tunnel on node b", tn, err)
+	}
+}
+
+// TestClusterKilledEdge: edge A is cut off from etcd and from its agent, as
+// if killed. A declares its lease lost and closes its sessions; once the
+// lease expires, a different instance binds the name on B and visitors on B
+// reach it.
+func TestClusterKilledEdge(t *testing.T) {
+	c := newTestCluster(t)
+	cli, etcdPath := etcdProxy(t)
+	a := c.start("a", cli, nil)
+	b := c.start("b", nil, nil)
+	t.Cleanup(etcdPath.Unblock) // before a's Close, so it can revoke quickly
+	first, second := tunneltest.StartBackend(t), tunneltest.StartBackend(t)
+	lb := controlProxy(t, a)
+	startClusterAgent(t, a, lb.Addr(), first.Addr(), "app", instX).WaitOnline(t)
+
+	etcdPath.Block()
+	lb.Block()
+	killed := time.Now()
+	var took *tunneltest.Agent
+	tunneltest.Eventually(t, 10*time.Second, "another instance to bind app on b", func() bool {
+		ag := startClusterAgent(t, b, b.Addr("control").String(), second.Addr(), "app", instY)
+		select {
+		case <-ag.Done():
+			return false // refused: the holder on a is still live
+		case <-time.After(time.Second):
+		}
+		if ag.Status().State != agent.StateOnline {
+			ag.Stop()
+			return false
+		}
+		took = ag
+		return true
+	})
+	t.Logf("bound on b %v after a was cut off (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	if a.Sessions() != 0 {
+		t.Fatalf("a kept %d sessions after losing its lease", a.Sessions())
+	}
+	if got := took.Status(); got.Hostname != "app."+tunneltest.Domain {
+		t.Fatalf("the new agent holds %q", got.Hostname)
+	}
+	resp, err := b.Client().Get(tunneltest.URL("http", "app", "/headers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("visitor on b after the takeover: %d", resp.StatusCode)
+	}
+	health, err := http.Get("http://" + a.Addr("admin").String() + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	health.Body.Close()
+	if health.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("a's /healthz without a lease = %d, want 503", health.StatusCode)
+	}
+}
+
+// TestClusterStaleRoute: B's route cache still names edge A after the
+// agent moved to edge C. B forwards to A, A answers 421 (stale route), B
+// reads the registry and retries once, at C: the visitor sees 200, with
+// its request body intact.
+func TestClusterStaleRoute(t *testing.T) {
+	c := newTestCluster(t)
+	a := c.start("a", nil, nil)
+	cli, bPath := etcdProxy(t)
+	b := c.start("b", cli, func(cfg *edge.Config) {})
+	cEdge := c.start("c", nil, nil)
+	backend := tunneltest.StartBackend(t)
+	lb := controlProxy(t, a)
+	ag := startClusterAgent(t, a, lb.Addr(), backend.Addr(), "app", instX)
+	before := ag.WaitOnline(t)
+	host := "app." + tunneltest.Domain
+	tunneltest.Eventually(t, 5*time.Second, "b to learn the route to a", func() bool {
+		r, ok := b.store.Lookup(host)
+		return ok && r.Node == "a"
+	})
+
+	bPath.DelayExisting(300 * time.Millisecond) // b hears of changes late
+	lb.SetTarget(cEdge.Addr("control").String())
+	lb.Reset()
+	after := ag.WaitStatus(t, 10*time.Second, "online on c", func(s agent.Status) bool {
+		return s.State == agent.StateOnline && s.Generation > before.Generation
+	})
+	tunneltest.Eventually(t, 5*time.Second, "a to learn of the move", func() bool {
+		r, ok := a.store.Lookup(host)
+		return ok && r.Node == "c"
+	})
+	if r, _ := b.store.Lookup(host); r.Node != "a" {
+		t.Fatalf("b's route is already %+v: the test needs it stale", r)
+	}
+	payload := strings.Repeat("x", 64<<10)
+	resp, err := b.Client().Post(tunneltest.URL("http", "app", "/echo"), "text/plain", strings.NewReader(payload))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(got) != payload {
+		t.Fatalf("visitor on b: %d, %d bytes back (%s)", resp.StatusCode, len(got), resp.Header.Get("Ngstone-Error"))
+	}
+	if _, retried := b.ClusterForwards(); retried != 1 {
+		t.Fatalf("b retried %d times, want exactly 1", retried)
+	}
+	if r, _ := b.store.Lookup(host); r.Node != "c" || r.Generation != after.Generation {
+		t.Fatalf("b's route after the retry: %+v", r)
+	}
+}
+
+// TestClusterSixteenEdgesRace: sixteen edges, an agent of another instance
+// on each, all bind one name at once: one is online, fifteen are refused.
+func TestClusterSixteenEdgesRace(t *testing.T) {
+	c := newTestCluster(t)
+	cli := etcdtest.Client(t)
+	backend := tunneltest.StartBackend(t)
+	const n = 16
+	edges := make([]*clusterEdge, n)
+	for i := range edges {
+		edges[i] = c.start(fmt.Sprintf("edge-%d", i), cli, func(cfg *edge.Config) {
+			cfg.HTTPAddr, cfg.HTTPSAddr, cfg.AdminAddr = "", "", ""
+		})
+	}
+	agents := make([]*tunneltest.Agent, n)
+	var wg sync.WaitGroup
+	for i, e := range edges {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ac := e.AgentConfig("", backend.Addr())
+			ac.Subdomain, ac.InstanceID = "race", fmt.Sprintf("%032x", i+1)
+			agents[i] = tunneltest.StartAgent(t, ac)
+		}()
+	}
+	wg.Wait()
+	var online, refused int
+	for _, ag := range agents {
+		ag.WaitStatus(t, 10*time.Second, "online or refused", func(s agent.Status) bool {
+			return s.State == agent.StateOnline || s.State == agent.StateFailed
+		})
+		var re *agent.RefusedError
+		switch s := ag.Status(); {
+		case s.State == agent.StateOnline:
+			online++
+		case errors.As(s.Err, &re) && re.Code == mux.CodeSubdomainTaken:
+			refused++
+		default:
+			t.Fatalf("agent ended %+v", s)
+		}
+	}
+	if online != 1 || refused != n-1 {
+		t.Fatalf("%d online, %d refused; want 1 and %d", online, refused, n-1)
+	}
+}

@@ -1,0 +1,146 @@
+// Package etcdtest runs one embedded etcd server per test binary, on
+// loopback, with fast ticks and no fsync, for the tests of the cluster
+// registry and of edges that share it. It is imported only by tests: the
+// etcd server is never linked into the ngstone binary.
+//
+// Each test takes its own key prefix (Prefix), so tests share the server
+// without seeing each other's keys.
+package etcdtest
+
+import (
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+var (
+	once     sync.Once
+	server   *embed.Etcd
+	dir      string
+	startErr error
+	prefixes atomic.Uint64
+)
+
+// Main runs m, stops the server if a test started it, and then checks
+// that no goroutine leaked, like goleak.VerifyTestMain.
+func Main(m *testing.M, opts ...goleak.Option) {
+	code := m.Run()
+	stop()
+	if code == 0 {
+		if err := goleak.Find(opts...); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// Endpoints starts the shared server on first use and returns its client
+// URLs.
+func Endpoints(tb testing.TB) []string {
+	tb.Helper()
+	once.Do(start)
+	if startErr != nil {
+		tb.Fatalf("embedded etcd: %v", startErr)
+	}
+	var out []string
+	for _, l := range server.Clients {
+		out = append(out, "http://"+l.Addr().String())
+	}
+	return out
+}
+
+// Client returns a client of the shared server, closed when tb ends.
+func Client(tb testing.TB) *clientv3.Client {
+	tb.Helper()
+	return ClientAt(tb, Endpoints(tb)...)
+}
+
+// ClientAt returns a client of the given endpoints (the shared server's,
+// or a proxy in front of it), closed when tb ends.
+func ClientAt(tb testing.TB, endpoints ...string) *clientv3.Client {
+	tb.Helper()
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+	if err != nil {
+		tb.Fatalf("etcd client: %v", err)
+	}
+	tb.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// Prefix returns a key prefix no other test uses.
+func Prefix(tb testing.TB) string {
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(tb.Name())
+	return fmt.Sprintf("/t/%s-%d/", name, prefixes.Add(1))
+}
+
+func start() {
+	dir, startErr = os.MkdirTemp("", "ngstone-etcd-")
+	if startErr != nil {
+		return
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "test"
+	cfg.Dir = dir
+	cfg.UnsafeNoFsync = true
+	cfg.TickMs = 10
+	cfg.ElectionMs = 50
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	local := func() []url.URL { return []url.URL{{Scheme: "http", Host: "127.0.0.1:0"}} }
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = local(), local()
+	peer, err := freePeerURL()
+	if err != nil {
+		startErr = err
+		return
+	}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	server, startErr = embed.StartEtcd(cfg)
+	if startErr != nil {
+		return
+	}
+	select {
+	case <-server.Server.ReadyNotify():
+	case <-time.After(30 * time.Second):
+		server.Close()
+		startErr = fmt.Errorf("not ready within 30s")
+	}
+}
+
+func stop() {
+	if server != nil {
+		server.Close()
+		<-server.Server.StopNotify()
+	}
+	if dir != "" {
+		os.RemoveAll(dir)
+	}
+}
+
+// freePeerURL picks a free loopback port for the peer listener, which must
+// be named exactly in the initial cluster (port 0 cannot be).
+func freePeerURL() ([]url.URL, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return []url.URL{{Scheme: "http", Host: addr}}, nil
+}

@@ -1,0 +1,326 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ngstone/ngstone/internal/etcdtest"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// TestEtcd runs the Store contract against the etcd store: the same test
+// bodies as TestMemory.
+func TestEtcd(t *testing.T) {
+	cli := etcdtest.Client(t)
+	testStore(t, func(t *testing.T, l *liveness) registry.Store {
+		h := &etcdNodes{t: t, cli: cli, prefix: etcdtest.Prefix(t), l: l,
+			stores: map[string]*registry.Etcd{}, opened: map[sessionOn]bool{}}
+		l.uncounted = true
+		l.hook = h.setLive
+		return h
+	})
+}
+
+// etcdNodes is one cluster seen as one Store: each claim goes through the
+// store of its Node, as it would on that edge, and the liveness the test
+// steers becomes those nodes' session keys.
+type etcdNodes struct {
+	t      *testing.T
+	cli    *clientv3.Client
+	prefix string
+	l      *liveness
+
+	mu     sync.Mutex
+	stores map[string]*registry.Etcd
+	opened map[sessionOn]bool
+}
+
+type sessionOn struct {
+	node    string
+	session uint64
+}
+
+func (h *etcdNodes) node(name string) *registry.Etcd {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if s, ok := h.stores[name]; ok {
+		return s
+	}
+	s := startNode(h.t, h.cli, h.prefix, name, registry.Hooks{})
+	h.stores[name] = s
+	return s
+}
+
+func (h *etcdNodes) Bind(ctx context.Context, c registry.Claim) (registry.Result, error) {
+	s := h.node(c.Node)
+	key := sessionOn{c.Node, c.SessionID}
+	h.mu.Lock()
+	open := !h.opened[key] && !h.l.isDead(c.SessionID)
+	h.opened[key] = h.opened[key] || open
+	h.mu.Unlock()
+	if open {
+		if err := s.OpenSession(ctx, c.SessionID); err != nil {
+			return registry.Result{}, err
+		}
+	}
+	return s.Bind(ctx, c)
+}
+
+func (h *etcdNodes) setLive(session uint64, alive bool) {
+	h.mu.Lock()
+	var on []sessionOn
+	for k := range h.opened {
+		if k.session == session {
+			on = append(on, k)
+		}
+	}
+	h.mu.Unlock()
+	for _, k := range on {
+		s := h.node(k.node)
+		var err error
+		if alive {
+			err = s.OpenSession(context.Background(), session)
+		} else {
+			err = s.CloseSession(context.Background(), session)
+		}
+		if err != nil {
+			h.t.Errorf("session %d alive=%v: %v", session, alive, err)
+		}
+	}
+}
+
+func (h *etcdNodes) Release(ctx context.Context, hostname string, session, gen uint64) (bool, error) {
+	return h.node("").Release(ctx, hostname, session, gen)
+}
+
+func (h *etcdNodes) Get(ctx context.Context, hostname string) (registry.Binding, bool, error) {
+	return h.node("").Get(ctx, hostname)
+}
+
+func (h *etcdNodes) List(ctx context.Context) ([]registry.Binding, error) {
+	return h.node("").List(ctx)
+}
+
+func startNode(t *testing.T, cli *clientv3.Client, prefix, name string, hooks registry.Hooks) *registry.Etcd {
+	t.Helper()
+	s := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: prefix, Node: name,
+		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := s.Start(ctx, name+":7443", hooks); err != nil {
+		t.Fatalf("start node %q: %v", name, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// hookLog records what a node's hooks were told.
+type hookLog struct {
+	mu        sync.Mutex
+	takenOver []registry.Binding
+	lost      int
+	regained  int
+}
+
+func (h *hookLog) hooks() registry.Hooks {
+	return registry.Hooks{
+		TakenOver: func(b registry.Binding) { h.mu.Lock(); h.takenOver = append(h.takenOver, b); h.mu.Unlock() },
+		Lost:      func(error) { h.mu.Lock(); h.lost++; h.mu.Unlock() },
+		Regained:  func() { h.mu.Lock(); h.regained++; h.mu.Unlock() },
+	}
+}
+
+func (h *hookLog) count(f func(*hookLog) int) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return f(h)
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func openBind(t *testing.T, s *registry.Etcd, c registry.Claim) (registry.Result, error) {
+	t.Helper()
+	c.Node = s.Node()
+	if err := s.OpenSession(context.Background(), c.SessionID); err != nil {
+		t.Fatal(err)
+	}
+	return s.Bind(context.Background(), c)
+}
+
+// TestEtcdAcrossNodes: a takeover on node B reaches node A through the
+// watch, both route caches follow, and a live holder on A refuses another
+// instance on B until A closes its session.
+func TestEtcdAcrossNodes(t *testing.T) {
+	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	var ha hookLog
+	a := startNode(t, cli, prefix, "a", ha.hooks())
+	b := startNode(t, cli, prefix, "b", registry.Hooks{})
+	if addr, ok := b.NodeAddr("a"); !ok || addr != "a:7443" {
+		t.Fatalf("NodeAddr(a) = %q, %v", addr, ok)
+	}
+	first, err := openBind(t, a, claim(instA, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b's route cache to learn a's binding", func() bool {
+		r, ok := b.Lookup(host)
+		return ok && r == first.Binding
+	})
+	if _, err := openBind(t, b, claim(instB, 1)); err != registry.ErrTaken {
+		t.Fatalf("another instance on b = %v while a's holder is live; want ErrTaken", err)
+	}
+	second, err := openBind(t, b, claim(instA, 2))
+	if err != nil || second.Outcome != registry.SameInstance || second.Previous == nil || *second.Previous != first.Binding {
+		t.Fatalf("same instance on b = %+v, %v", second, err)
+	}
+	eventually(t, "a to hear of the takeover", func() bool {
+		return ha.count(func(h *hookLog) int { return len(h.takenOver) }) == 1
+	})
+	if got := ha.takenOver[0]; got != first.Binding {
+		t.Fatalf("a was told %+v, want %+v", got, first.Binding)
+	}
+	eventually(t, "a's route cache to follow", func() bool {
+		r, ok := a.Lookup(host)
+		return ok && r == second.Binding
+	})
+	// B's session ends: rule 2 opens at once to any other instance, on any node.
+	if _, err := openBind(t, a, claim(instB, 3)); err != registry.ErrTaken {
+		t.Fatalf("bind on a while b's holder is live = %v, want ErrTaken", err)
+	}
+	if err := b.CloseSession(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	third, err := openBind(t, a, claim(instB, 3))
+	if err != nil || third.Outcome != registry.DeadHolder {
+		t.Fatalf("bind on a after b's session closed = %+v, %v; want dead_holder", third, err)
+	}
+}
+
+// TestEtcdLeaseLost cuts a node off from etcd: it reports the lease lost
+// before etcd expires it, its binding disappears after the TTL so another
+// node may bind, and it registers again when etcd is back.
+func TestEtcdLeaseLost(t *testing.T) {
+	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	proxy, err := tunneltest.NewFaultProxy(etcdtest.Endpoints(t)[0][len("http://"):])
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(proxy.Close)
+	var ha hookLog
+	a := startNode(t, etcdtest.ClientAt(t, "http://"+proxy.Addr()), prefix, "a", ha.hooks())
+	b := startNode(t, cli, prefix, "b", registry.Hooks{})
+	if _, err := openBind(t, a, claim(instA, 1)); err != nil {
+		t.Fatal(err)
+	}
+	proxy.Block()
+	cut := time.Now()
+	eventually(t, "a to declare its lease lost", func() bool { return ha.count(func(h *hookLog) int { return h.lost }) == 1 })
+	lostAfter := time.Since(cut)
+	if a.Ready() {
+		t.Fatal("a is ready without a lease")
+	}
+	if _, err := a.Bind(context.Background(), claim(instA, 1)); err != registry.ErrUnavailable {
+		t.Fatalf("bind on a without a lease = %v, want ErrUnavailable", err)
+	}
+	var took registry.Result
+	eventually(t, "b to bind the name once a's lease expired", func() bool {
+		took, err = openBind(t, b, claim(instB, 1))
+		return err == nil
+	})
+	expiredAfter := time.Since(cut)
+	t.Logf("lease lost declared after %v, name free after %v", lostAfter.Round(time.Millisecond), expiredAfter.Round(time.Millisecond))
+	if lostAfter >= expiredAfter {
+		t.Fatalf("a declared its lease lost (%v) only after etcd expired it (%v)", lostAfter, expiredAfter)
+	}
+	if took.Outcome != registry.Created {
+		t.Fatalf("outcome %s, want created: the lease should have removed a's binding", took.Outcome)
+	}
+	proxy.Unblock()
+	eventually(t, "a to register again", func() bool { return ha.count(func(h *hookLog) int { return h.regained }) == 1 && a.Ready() })
+	eventually(t, "a's cache to show b's binding", func() bool {
+		r, ok := a.Lookup(host)
+		return ok && r == took.Binding
+	})
+}
+
+// TestEtcdSixteenNodesRace: sixteen edges, each with another instance,
+// bind one hostname at once: exactly one owns it.
+func TestEtcdSixteenNodesRace(t *testing.T) {
+	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	const n = 16
+	nodes := make([]*registry.Etcd, n)
+	for i := range nodes {
+		nodes[i] = startNode(t, cli, prefix, fmt.Sprintf("edge-%d", i), registry.Hooks{})
+	}
+	for round := range 5 {
+		hostname := fmt.Sprintf("race%d.example.com", round)
+		var wins atomic.Int32
+		var owner atomic.Pointer[registry.Binding]
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for i, s := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := registry.Claim{Hostname: hostname, InstanceID: fmt.Sprintf("%032d", i), TokenID: "tok", SessionID: 1, Node: s.Node()}
+				if err := s.OpenSession(context.Background(), 1); err != nil {
+					t.Error(err)
+					return
+				}
+				<-start
+				res, err := s.Bind(context.Background(), c)
+				switch {
+				case err == nil:
+					wins.Add(1)
+					owner.Store(&res.Binding)
+				case err != registry.ErrTaken:
+					t.Errorf("edge-%d: %v", i, err)
+				}
+			}()
+		}
+		close(start)
+		wg.Wait()
+		if wins.Load() != 1 {
+			t.Fatalf("round %d: %d edges won the bind", round, wins.Load())
+		}
+		b, ok, err := nodes[0].Get(context.Background(), hostname)
+		if err != nil || !ok || b != *owner.Load() {
+			t.Fatalf("round %d: registry holds %+v, %v, %v; the winner was told %+v", round, b, ok, err, *owner.Load())
+		}
+	}
+}
+
+// TestEtcdNodeNameInUse: a second edge with a live edge's name is refused
+// with an error that names the setting.
+func TestEtcdNodeNameInUse(t *testing.T) {
+	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	startNode(t, cli, prefix, "a", registry.Hooks{})
+	dup := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err := dup.Start(ctx, "a:7443", registry.Hooks{})
+	if err == nil {
+		dup.Close()
+		t.Fatal("a second edge named a started")
+	}
+	if !strings.Contains(err.Error(), "--node-name") {
+		t.Fatalf("error %q does not say which setting to change", err)
+	}
+}

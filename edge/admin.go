@@ -13,14 +13,14 @@ import (
 // Tunnel is one binding as the admin API shows it. Online is computed at the
 // time of the request, never stored.
 type Tunnel struct {
-	Hostname      string    `json:"hostname"`
-	URL           string    `json:"url"`
-	InstanceID    string    `json:"instance_id"`
-	SessionID     uint64    `json:"session_id"`
+	Hostname   string `json:"hostname"`
+	URL        string `json:"url"`
+	InstanceID string `json:"instance_id"`
+	SessionID  uint64 `json:"session_id"`
 	// Node is the edge holding the session, in a cluster. Online,
 	// LastHeartbeat and RemoteAddr are measured there: this edge reports
 	// them only for its own sessions.
-	Node string `json:"node,omitempty"`
+	Node          string    `json:"node,omitempty"`
 	Generation    uint64    `json:"generation"`
 	Online        bool      `json:"online"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`

@@ -52,6 +52,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Int64("max-request-body", 0, "largest visitor request body in bytes; larger get 413 (0 = no limit)")
 	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
 	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
+	clusterFlags(fs)
 	return &Edge{l: newLoader(fs)}
 }
 

@@ -27,12 +27,12 @@ const clusterKey = "0123456789abcdef0123456789abcdef-test"
 // testCluster is several edges on one etcd, sharing one self-signed CA so
 // that one agent configuration trusts them all.
 type testCluster struct {
-	t       *testing.T
+	t       testing.TB
 	prefix  string
 	dataDir string
 }
 
-func newTestCluster(t *testing.T) *testCluster {
+func newTestCluster(t testing.TB) *testCluster {
 	return &testCluster{t: t, prefix: etcdtest.Prefix(t), dataDir: t.TempDir()}
 }
 
@@ -80,7 +80,7 @@ func controlProxy(t *testing.T, e *clusterEdge) *tunneltest.FaultProxy {
 	return p
 }
 
-func startClusterAgent(t *testing.T, e *clusterEdge, edgeAddr, local, sub, instance string) *tunneltest.Agent {
+func startClusterAgent(t testing.TB, e *clusterEdge, edgeAddr, local, sub, instance string) *tunneltest.Agent {
 	t.Helper()
 	ac := e.AgentConfig(edgeAddr, local)
 	ac.Subdomain, ac.InstanceID = sub, instance

@@ -1,14 +1,19 @@
 package main
 
 import (
+	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/ngstone/ngstone/config"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/registry"
 )
 
 func newEdgeCmd() *cobra.Command {
@@ -17,6 +22,10 @@ func newEdgeCmd() *cobra.Command {
 		Short: "Run the public edge server",
 		Long: `Run the public edge server: visitors reach NAME.DOMAIN over HTTP(S), agents
 connect to --control-addr over TLS.
+
+Several edges share one registry with --cluster-etcd: an agent may connect
+to any of them, and a visitor's request reaching another edge is forwarded
+one hop to the agent's edge over --cluster-addr.
 
 Every flag is also an environment variable (NGSTONE_ + the flag in upper case,
 '-' as '_', e.g. NGSTONE_DRAIN_TIMEOUT) and a key of the YAML --config file.
@@ -31,6 +40,11 @@ Precedence: flags, environment, file, defaults.`,
 		}
 		log := newLogger(lc, os.Stderr)
 		cfg.Version, cfg.Commit = version, buildCommit()
+		closeCluster, err := joinCluster(&cfg, loader, log)
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		defer closeCluster()
 		e, err := edge.New(cfg, log)
 		if err != nil {
 			return withCode(exitUsage, err)
@@ -40,6 +54,31 @@ Precedence: flags, environment, file, defaults.`,
 		return withCode(exitError, e.Run(cmd.Context()))
 	}
 	return cmd
+}
+
+// joinCluster fills cfg.Cluster from the --cluster-* settings, with an
+// etcd client that the returned function closes. Without --cluster-etcd it
+// does nothing.
+func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) (func(), error) {
+	cl, err := loader.Cluster()
+	if err != nil || len(cl.Endpoints) == 0 {
+		return func() {}, err
+	}
+	ec, err := cl.EtcdConfig()
+	if err != nil {
+		return func() {}, err
+	}
+	ec.Logger = zap.NewNop()
+	cli, err := clientv3.New(ec)
+	if err != nil {
+		return func() {}, fmt.Errorf("cluster-etcd %v: %w", cl.Endpoints, err)
+	}
+	cfg.Cluster = &edge.ClusterConfig{
+		Store: registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: cl.Prefix, Node: cl.Node,
+			LeaseTTL: cl.LeaseTTL, Log: log}),
+		Addr: cl.Addr, Advertise: cl.Advertise, Key: cl.Key,
+	}
+	return func() { cli.Close() }, nil
 }
 
 // reloadOnHUP reloads file certificates on SIGHUP until the returned stop.

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/ngstone/ngstone/internal/etcdtest"
 )
 
 // ngstoneBin is the ngstone binary built once for the tests that run real
@@ -36,6 +38,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	etcdtest.Stop()
 	os.RemoveAll(dir)
 	if code == 0 {
 		if err := goleak.Find(); err != nil {

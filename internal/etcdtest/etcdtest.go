@@ -36,7 +36,7 @@ var (
 // that no goroutine leaked, like goleak.VerifyTestMain.
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
-	stop()
+	Stop()
 	if code == 0 {
 		if err := goleak.Find(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
@@ -123,13 +123,17 @@ func start() {
 	}
 }
 
-func stop() {
+// Stop stops the server, if a test started it. A TestMain that cannot use
+// Main calls it before checking for leaked goroutines.
+func Stop() {
 	if server != nil {
 		server.Close()
 		<-server.Server.StopNotify()
+		server = nil
 	}
 	if dir != "" {
 		os.RemoveAll(dir)
+		dir = ""
 	}
 }
 

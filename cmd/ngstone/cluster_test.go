@@ -1,0 +1,78 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/internal/etcdtest"
+)
+
+// TestClusterProcesses runs two `ngstone edge` processes on one etcd, as
+// the compose example does: an agent process on edge A is reached by a
+// visitor on edge B; killed with SIGKILL, edge A leaves nothing behind once
+// its lease expires, and edge B answers 404 for the name.
+func TestClusterProcesses(t *testing.T) {
+	_, port := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "two edges") })
+	endpoints := strings.Join(etcdtest.Endpoints(t), ",")
+	prefix := etcdtest.Prefix(t)
+	data := t.TempDir()
+	key := strings.Repeat("k", 40)
+	type edgeProc struct {
+		*proc
+		ports []string // http, control, admin, cluster
+	}
+	start := func(name string) edgeProc {
+		ports := freePorts(t, 4)
+		p := startProc(t, nil, edgeArgs(data, ports,
+			"--cluster-etcd", endpoints, "--cluster-prefix", prefix, "--node-name", name,
+			"--cluster-addr", "127.0.0.1:"+ports[3], "--cluster-key", key, "--cluster-lease-ttl", "1s")...)
+		waitHealthy(t, "127.0.0.1:"+ports[2])
+		return edgeProc{p, ports}
+	}
+	a := start("a")
+	b := start("b")
+	ag := startProc(t, nil, "http", port, "--edge", "localhost:"+a.ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "demo")
+	ag.waitLine(t, regexp.MustCompile(`^Forwarding http://demo\.ngstone\.test:`+a.ports[0]+` -> `))
+
+	visitor := visitorClient(t, "127.0.0.1:"+b.ports[0])
+	var code int
+	var body string
+	waitFor(t, 5*time.Second, "edge b to route demo to edge a", func() bool {
+		code, body, _ = get(visitor, "http://demo.ngstone.test/")
+		return code == http.StatusOK
+	})
+	if body != "two edges" {
+		t.Fatalf("visitor on b got %q", body)
+	}
+	resp, err := http.Get("http://127.0.0.1:" + b.ports[2] + "/api/tunnels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tunnels []struct {
+		Hostname, Node string
+	}
+	json.NewDecoder(resp.Body).Decode(&tunnels)
+	resp.Body.Close()
+	if len(tunnels) != 1 || tunnels[0].Hostname != "demo.ngstone.test" || tunnels[0].Node != "a" {
+		t.Fatalf("b's /api/tunnels = %+v; want demo on node a", tunnels)
+	}
+
+	a.cmd.Process.Kill()
+	killed := time.Now()
+	waitFor(t, 10*time.Second, "a's binding to expire with its lease", func() bool {
+		code, _, _ = get(visitor, "http://demo.ngstone.test/")
+		return code == http.StatusNotFound
+	})
+	t.Logf("404 on b %v after edge a was killed (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+
+	bad := startProc(t, nil, edgeArgs(data, freePorts(t, 3), "--cluster-etcd", endpoints, "--cluster-key", "short")...)
+	if code := bad.exitCode(t); code != exitUsage || !strings.Contains(bad.stderrText(), "cluster-key") {
+		t.Fatalf("short cluster key: exit %d, stderr %q", code, bad.stderrText())
+	}
+}

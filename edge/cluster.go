@@ -317,7 +317,14 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		out.Header.Set("Expect", "100-continue")
 	}
 	c.forwarded.Add(1)
-	return c.forward.RoundTrip(out)
+	resp, err := c.forward.RoundTrip(out)
+	var oe *net.OpError
+	if errors.As(err, &oe) && oe.Op == "dial" {
+		// The owner is gone (its bindings go with its lease): offline,
+		// not a broken tunnel.
+		return nil, errors.Join(errNoRoute, err)
+	}
+	return resp, err
 }
 
 // withBody gives req the body wrapper, which the forwarding transport may

@@ -267,6 +267,12 @@ func (s *Etcd) keepAlive(ctx context.Context) {
 		}
 		lease, ready := s.currentLease()
 		if !ready {
+			// The lost lease may still hold the node key (it was declared
+			// lost before etcd expired it): end it, so that registering
+			// again need not wait for the expiry.
+			rctx, cancel := context.WithTimeout(ctx, every)
+			s.cli.Revoke(rctx, lease)
+			cancel()
 			if err := s.register(ctx, false); err == nil {
 				lastOK = time.Now()
 				s.log.Info("cluster lease regained")

@@ -3,7 +3,9 @@ package agent_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/ngstone/ngstone/internal/etcdtest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain checks for leaked goroutines after stopping the embedded etcd
+// the ownership tests run on.
+func TestMain(m *testing.M) { etcdtest.Main(m) }

@@ -16,6 +16,20 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
+// eachStore runs an ownership test on each registry: the binding rules
+// must hold the same on one edge's memory and on etcd.
+func eachStore(t *testing.T, test func(t *testing.T, store string)) {
+	for _, store := range tunneltest.Stores {
+		t.Run(store, func(t *testing.T) { test(t, store) })
+	}
+}
+
+func edgeConfig(t *testing.T, store string) edge.Config {
+	cfg := tunneltest.EdgeConfig(t)
+	tunneltest.UseStore(t, &cfg, store)
+	return cfg
+}
+
 func newProxy(t *testing.T, e *tunneltest.Edge) *tunneltest.FaultProxy {
 	t.Helper()
 	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
@@ -59,9 +73,11 @@ func quickGet(c *http.Client, url string) (int, string) {
 // believes the old session live; when the network returns, the same agent
 // has its name back at once, with the same instance, a new session and a
 // higher generation, without waiting for the edge's detection window.
-func TestPartitionGetsNameBack(t *testing.T) {
+func TestPartitionGetsNameBack(t *testing.T) { eachStore(t, testPartitionGetsNameBack) }
+
+func testPartitionGetsNameBack(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
-	cfg := tunneltest.EdgeConfig(t)
+	cfg := edgeConfig(t, store)
 	cfg.HeartbeatTimeout = time.Minute // the edge will not notice the partition
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
@@ -102,7 +118,16 @@ func TestPartitionGetsNameBack(t *testing.T) {
 }
 
 func TestDifferentAgentRefusedWhileLive(t *testing.T) {
-	_, e, a := setup(t, "taken")
+	eachStore(t, testDifferentAgentRefusedWhileLive)
+}
+
+func testDifferentAgentRefusedWhileLive(t *testing.T, store string) {
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, edgeConfig(t, store))
+	first := e.AgentConfig("", b.Addr())
+	first.Subdomain = "taken"
+	a := tunneltest.StartAgent(t, first)
+	a.WaitOnline(t)
 	b2 := tunneltest.StartBackend(t)
 	ac := e.AgentConfig("", b2.Addr())
 	ac.Subdomain = "taken"
@@ -123,9 +148,11 @@ func TestDifferentAgentRefusedWhileLive(t *testing.T) {
 // TestStaleHolderTakenOver: the holder goes silent; once the edge sees it
 // dead, a different agent takes the name. When the old holder wakes up it
 // exits with a final error, and its cleanup leaves the new binding alone.
-func TestStaleHolderTakenOver(t *testing.T) {
+func TestStaleHolderTakenOver(t *testing.T) { eachStore(t, testStaleHolderTakenOver) }
+
+func testStaleHolderTakenOver(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
-	cfg := tunneltest.EdgeConfig(t)
+	cfg := edgeConfig(t, store)
 	cfg.HeartbeatTimeout = 300 * time.Millisecond
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
@@ -175,9 +202,11 @@ func TestStaleHolderTakenOver(t *testing.T) {
 // TestInFlightSurvivesTakeover: the old path's bytes are delayed past the
 // agent's heartbeat timeout, so it reconnects on a new path and takes its
 // name over while the response is still on its way on the old one.
-func TestInFlightSurvivesTakeover(t *testing.T) {
+func TestInFlightSurvivesTakeover(t *testing.T) { eachStore(t, testInFlightSurvivesTakeover) }
+
+func testInFlightSurvivesTakeover(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
-	cfg := tunneltest.EdgeConfig(t)
+	cfg := edgeConfig(t, store)
 	cfg.HeartbeatTimeout = time.Minute
 	cfg.DrainTimeout = 5 * time.Second
 	e := tunneltest.StartEdge(t, cfg)
@@ -227,9 +256,11 @@ func TestInFlightSurvivesTakeover(t *testing.T) {
 
 // TestRepeatedResets: 30 resets in a row leave one session and one
 // binding, and no goroutine growth.
-func TestRepeatedResets(t *testing.T) {
+func TestRepeatedResets(t *testing.T) { eachStore(t, testRepeatedResets) }
+
+func testRepeatedResets(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	e := tunneltest.StartEdge(t, edgeConfig(t, store))
 	p := newProxy(t, e)
 	ac := e.AgentConfig(p.Addr(), b.Addr())
 	ac.Subdomain = "resets"
@@ -274,8 +305,10 @@ func dialRaw(t *testing.T, e *tunneltest.Edge, instance string) *tunneltest.RawS
 // TestSameInstanceRace: two sessions of one instance bind one name at the
 // same time: both succeed (no subdomain_taken), the later generation owns
 // it, and the other session is told it was evicted.
-func TestSameInstanceRace(t *testing.T) {
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+func TestSameInstanceRace(t *testing.T) { eachStore(t, testSameInstanceRace) }
+
+func testSameInstanceRace(t *testing.T, store string) {
+	e := tunneltest.StartEdge(t, edgeConfig(t, store))
 	id := agent.NewInstanceID()
 	for round := range 20 {
 		s1, s2 := dialRaw(t, e, id), dialRaw(t, e, id)

@@ -64,6 +64,9 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 		return &mux.BindError{Subdomain: name, Code: mux.CodeLimitExceeded,
 			Message: fmt.Sprintf("this token is limited to %d tunnels; stop one first", max)}
 	}
+	if !exclusive {
+		e.reapStaleHolder(host)
+	}
 	res, err := e.store.Bind(ctx, registry.Claim{
 		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
 		SessionID: s.id, Node: e.nodeName(), Exclusive: exclusive,
@@ -78,18 +81,21 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 		return &mux.BindError{Subdomain: name, Code: mux.CodeUnavailable, Message: "the edge could not record the binding; retrying"}
 	}
 	b := res.Binding
-	s.addBinding(host, b.Generation)
-	if s.isClosed() {
+	added := s.addBinding(host, b.Generation)
+	if added && s.isClosed() {
 		// The session ended while the registry granted the bind: its own
 		// cleanup may have run already, so release here (compare-and-delete).
 		e.store.Release(ctx, host, s.id, b.Generation)
 		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the session closed during the bind; retry"}
 	}
-	if res.Previous != nil && res.Previous.SessionID != s.id {
+	if res.Previous != nil && (res.Previous.SessionID != s.id || res.Previous.Node != b.Node) {
 		e.evict(*res.Previous)
 	}
 	e.metrics.bound(res.Outcome)
-	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(), "takeover", takeover)
+	// superseded: a later bind took the name over between the grant and
+	// now; its eviction notice follows this reply (see session.bindMu).
+	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(),
+		"takeover", takeover, "superseded", !added)
 	urls := e.URLs(host)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
 }
@@ -100,7 +106,7 @@ func (e *Edge) unbind(ctx context.Context, s *session, hostname string) {
 	if !ok {
 		return
 	}
-	s.fence(hostname)
+	s.fence(hostname, gen)
 	if _, err := e.store.Release(ctx, hostname, s.id, gen); err != nil {
 		s.log.Warn("release failed", "hostname", hostname, "err", err)
 		return

@@ -454,3 +454,24 @@ func (e *Edge) retryUnclosed() {
 		e.closeClusterSession(id)
 	}
 }
+
+// reapStaleHolder closes the local session holding host if its heartbeat
+// is stale, before a bind asks the registry: the cluster registry sees a
+// session dead only once its edge closes it, which the reaper would do
+// only at its next tick. The in-memory store asks liveness at the bind.
+func (e *Edge) reapStaleHolder(host string) {
+	if e.cluster == nil {
+		return
+	}
+	b, ok := e.cluster.store.Lookup(host)
+	if !ok || !e.local(b) {
+		return
+	}
+	s := e.session(b.SessionID)
+	if s == nil || !s.helloDone() || s.live(time.Now()) {
+		return
+	}
+	s.log.Info("session stale: no heartbeat within the freshness window", "heartbeat_timeout", e.cfg.HeartbeatTimeout)
+	s.close()
+	e.closeClusterSession(s.id)
+}

@@ -41,9 +41,14 @@ type session struct {
 	streams    mux.Tracker
 
 	writeMu sync.Mutex
+	// bindMu is held from a bind's registry grant to its reply, and by an
+	// eviction notice: the agent never hears that a generation was taken
+	// over before it heard that it was granted.
+	bindMu sync.Mutex
 
 	mu       sync.Mutex
 	bindings map[string]uint64 // hostname -> generation this session holds
+	fenced   map[string]uint64 // hostname -> highest generation taken from it
 	draining bool
 
 	closeOnce sync.Once
@@ -262,6 +267,8 @@ func (s *session) handle(ctx context.Context, msg mux.Message) error {
 		s.lastBeat.Store(time.Now().UnixNano())
 		return s.send(&mux.HeartbeatAck{Seq: m.Seq})
 	case *mux.Bind:
+		s.bindMu.Lock()
+		defer s.bindMu.Unlock()
 		return s.send(s.e.metrics.bindReply(s.e.bind(ctx, s, m)))
 	case *mux.Unbind:
 		s.e.unbind(ctx, s, m.Hostname)
@@ -311,19 +318,38 @@ func (s *session) holds(hostname string, gen uint64) bool {
 	return ok && g == gen
 }
 
-func (s *session) addBinding(hostname string, gen uint64) {
-	s.mu.Lock()
-	s.bindings[hostname] = gen
-	s.mu.Unlock()
-}
-
-// fence removes hostname from the session and reports how many bindings
-// it still holds.
-func (s *session) fence(hostname string) int {
+// addBinding records that the session holds hostname at gen, unless gen
+// was fenced already: a later bind took the name over between the
+// registry's grant and this call.
+func (s *session) addBinding(hostname string, gen uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.bindings, hostname)
-	return len(s.bindings)
+	if gen <= s.fenced[hostname] {
+		return false
+	}
+	s.bindings[hostname] = gen
+	return true
+}
+
+// fence takes hostname from the session up to generation gen: a binding at
+// gen or older is removed, and one granted later at gen or older is never
+// added. fresh is false when gen was fenced already (the registry's watch
+// reports what the edge did itself too); left is how many bindings the
+// session still holds.
+func (s *session) fence(hostname string, gen uint64) (fresh bool, left int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g, ok := s.bindings[hostname]; ok && g <= gen {
+		delete(s.bindings, hostname)
+	}
+	fresh = gen > s.fenced[hostname]
+	if fresh {
+		if s.fenced == nil {
+			s.fenced = map[string]uint64{}
+		}
+		s.fenced[hostname] = gen
+	}
+	return fresh, len(s.bindings)
 }
 
 func (s *session) snapshot() map[string]uint64 {
@@ -444,20 +470,31 @@ func (e *Edge) evict(prev registry.Binding) {
 	if !e.local(prev) {
 		return
 	}
-	old := e.session(prev.SessionID)
-	if old == nil || !old.holds(prev.Hostname, prev.Generation) {
-		// Gone, or fenced already: the registry's watch reports our own
-		// releases and takeovers too.
+	e.mu.Lock()
+	old := e.sessions[prev.SessionID]
+	if old == nil || e.closing {
+		e.mu.Unlock()
 		return
 	}
-	e.metrics.evicted()
-	left := old.fence(prev.Hostname)
-	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
+	fresh, left := old.fence(prev.Hostname, prev.Generation)
+	if !fresh {
+		// Told already: the registry's watch reports the edge's own
+		// takeovers and releases too.
+		e.mu.Unlock()
+		return
+	}
+	// Under e.mu, so that Close (which sets closing first) never waits
+	// while this Add runs: evict is also called from the registry's watch.
 	e.wg.Add(1)
+	e.mu.Unlock()
+	e.metrics.evicted()
+	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
 	go func() {
 		defer e.wg.Done()
 		// Tell it before closing it, so the agent learns why.
+		old.bindMu.Lock()
 		old.send(&mux.Evicted{Hostname: prev.Hostname, Reason: mux.ReasonTakeover})
+		old.bindMu.Unlock()
 		if left == 0 {
 			old.drainThenClose()
 		}

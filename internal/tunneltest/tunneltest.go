@@ -9,12 +9,15 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/etcdtest"
+	"github.com/ngstone/ngstone/registry"
 )
 
 // Domain is the edge domain tests use.
@@ -221,5 +224,24 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bo
 			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Stores names the registries the ownership tests run against: the edge's
+// own in-memory store, and etcd (an edge in a cluster of one).
+var Stores = []string{"memory", "etcd"}
+
+// UseStore puts cfg's edge on the named store; for "etcd", the shared
+// embedded etcd of internal/etcdtest, under a key prefix of the test's own.
+func UseStore(t testing.TB, cfg *edge.Config, store string) {
+	t.Helper()
+	switch store {
+	case "memory":
+	case "etcd":
+		s := registry.NewEtcd(registry.EtcdConfig{Client: etcdtest.Client(t), Prefix: etcdtest.Prefix(t), Node: "edge-1",
+			LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, Log: Logger().With("side", "registry")})
+		cfg.Cluster = &edge.ClusterConfig{Store: s, Addr: "127.0.0.1:0", Key: strings.Repeat("k", edge.MinClusterKey)}
+	default:
+		t.Fatalf("unknown store %q", store)
 	}
 }

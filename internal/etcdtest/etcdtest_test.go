@@ -2,6 +2,8 @@ package etcdtest_test
 
 import (
 	"context"
+	"os"
+	"strings"
 	"testing"
 
 	"github.com/ngstone/ngstone/internal/etcdtest"
@@ -22,5 +24,24 @@ func TestPutGet(t *testing.T) {
 	}
 	if q := etcdtest.Prefix(t); q == p {
 		t.Fatalf("two prefixes are equal: %s", q)
+	}
+}
+
+// TestOneEtcdRelease: every go.etcd.io/etcd module in go.mod is on one
+// release, as etcd's modules are only tested together.
+func TestOneEtcdRelease(t *testing.T) {
+	b, err := os.ReadFile("../../go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions := map[string][]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) >= 2 && strings.HasPrefix(f[0], "go.etcd.io/etcd/") {
+			versions[f[1]] = append(versions[f[1]], f[0])
+		}
+	}
+	if len(versions) != 1 {
+		t.Fatalf("etcd modules on several releases: %v", versions)
 	}
 }

@@ -1,0 +1,45 @@
+package registry
+
+import (
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// FuzzEtcdEvent feeds the watch arbitrary keys and values, as a broken or
+// hostile writer to the shared etcd could: the route cache must neither
+// crash nor hold a route whose value did not decode.
+func FuzzEtcdEvent(f *testing.F) {
+	f.Add("hosts/app.example.com", []byte(`{"instance_id":"a","session_id":1,"node":"n1"}`), int64(5), false, []byte(`{"node":"n2","session_id":9}`))
+	f.Add("hosts/app.example.com", []byte(`{`), int64(1), true, []byte(nil))
+	f.Add("nodes/n1", []byte(`{"addr":"10.0.0.1:7443"}`), int64(2), false, []byte(`{"addr":3}`))
+	f.Add("sessions/n1/7", []byte(""), int64(3), true, []byte("x"))
+	f.Add("hosts/", []byte(`null`), int64(-1), false, []byte(`[]`))
+	f.Fuzz(func(t *testing.T, key string, val []byte, rev int64, del bool, prev []byte) {
+		var told []Binding
+		s := NewEtcd(EtcdConfig{Prefix: "/p/", Node: "n1"})
+		s.hooks = Hooks{TakenOver: func(b Binding) { told = append(told, b) }}
+		ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("/p/" + key), Value: val, ModRevision: rev}}
+		if del {
+			ev.Type = clientv3.EventTypeDelete
+		}
+		if prev != nil {
+			ev.PrevKv = &mvccpb.KeyValue{Key: ev.Kv.Key, Value: prev, ModRevision: rev - 1}
+		}
+		s.event(ev)
+		for h, b := range s.routes {
+			if b.Hostname != h {
+				t.Fatalf("route %q holds binding of %q", h, b.Hostname)
+			}
+			if _, err := s.decode(h, val, rev); err != nil {
+				t.Fatalf("route %q kept although its value does not decode: %v", h, err)
+			}
+		}
+		for _, b := range told {
+			if b.Node != "n1" {
+				t.Fatalf("told of a takeover of another node's binding: %+v", b)
+			}
+		}
+	})
+}

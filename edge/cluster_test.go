@@ -1,11 +1,13 @@
 package edge_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -388,5 +390,57 @@ func TestClusterSixteenEdgesRace(t *testing.T) {
 	}
 	if online != 1 || refused != n-1 {
 		t.Fatalf("%d online, %d refused; want 1 and %d", online, refused, n-1)
+	}
+}
+
+// TestClusterStreams: through a forwarding edge, server-sent events arrive
+// one at a time (each only after the client acknowledged the previous
+// one), and an Upgrade round trip works.
+func TestClusterStreams(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.start("a", nil, nil), c.start("b", nil, nil)
+	backend := tunneltest.StartBackend(t)
+	st := startClusterAgent(t, a, "", backend.Addr(), "live", instX).WaitOnline(t)
+	tunneltest.Eventually(t, 5*time.Second, "b to learn the route", func() bool {
+		r, ok := b.store.Lookup("live." + tunneltest.Domain)
+		return ok && r.Generation == st.Generation
+	})
+	client := b.Client()
+	resp, err := client.Get(tunneltest.URL("https", "live", "/sse?n=3"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(resp.Body)
+	for i := range 3 {
+		line, err := r.ReadString('\n')
+		if want := fmt.Sprintf("data: event %d\n", i); err != nil || line != want {
+			t.Fatalf("event %d: %q, %v; want %q", i, line, err, want)
+		}
+		r.ReadString('\n')
+		if i < 2 {
+			ack, err := client.Get(tunneltest.URL("http", "live", "/sse-ack"))
+			if err != nil {
+				t.Fatalf("ack %d: %v", i, err)
+			}
+			ack.Body.Close()
+		}
+	}
+	resp.Body.Close()
+
+	conn, err := net.Dial("tcp", b.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: live."+tunneltest.Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
+	br := bufio.NewReader(conn)
+	up, err := http.ReadResponse(br, nil)
+	if err != nil || up.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through b: %v, %v", up, err)
+	}
+	io.WriteString(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: ping\n" {
+		t.Fatalf("after the upgrade: %q %v", line, err)
 	}
 }

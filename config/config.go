@@ -51,6 +51,10 @@ func (l *loader) bind() error {
 	l.v.SetEnvPrefix(EnvPrefix)
 	l.v.SetEnvKeyReplacer(strings.NewReplacer("-", "_"))
 	l.v.AutomaticEnv()
+	// A variable set to nothing is set: NGSTONE_HTTPS_ADDR= disables the
+	// listener, as --https-addr= does. Where nothing is not a value (a
+	// duration, a number, a boolean), it is an error naming the key.
+	l.v.AllowEmptyEnv(true)
 	var err error
 	l.fs.VisitAll(func(f *pflag.Flag) {
 		l.keys = append(l.keys, f.Name)
@@ -137,6 +141,9 @@ func (l *loader) bool(key string) (bool, error) {
 func (l *loader) int(key string) (int, error) {
 	raw := l.v.Get(key)
 	n, err := cast.ToIntE(raw)
+	if s, ok := raw.(string); ok && strings.TrimSpace(s) == "" {
+		err = fmt.Errorf("empty")
+	}
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("%s %q: want a non-negative whole number", key, fmt.Sprint(raw))
 	}

@@ -93,6 +93,22 @@ func TestEnvironmentOnly(t *testing.T) {
 	}
 }
 
+// TestEmptyEnvironmentDisables: a listener's variable set to nothing
+// disables it, as the empty flag does.
+func TestEmptyEnvironmentDisables(t *testing.T) {
+	t.Setenv("NGSTONE_DOMAIN", "env.example")
+	t.Setenv("NGSTONE_HTTPS_ADDR", "")
+	t.Setenv("NGSTONE_ADMIN_ADDR", "")
+	c, _ := loadEdge(t)
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.HTTPSAddr != "" || cfg.AdminAddr != "" || cfg.HTTPAddr == "" {
+		t.Fatalf("https %q, admin %q, http %q: want the first two disabled", cfg.HTTPSAddr, cfg.AdminAddr, cfg.HTTPAddr)
+	}
+}
+
 func TestEdgeErrorsNameKeyAndValue(t *testing.T) {
 	cases := []struct {
 		name string
@@ -109,6 +125,8 @@ func TestEdgeErrorsNameKeyAndValue(t *testing.T) {
 		{"bad address", nil, "", []string{"--domain", "x.example", "--http-addr", "80"}, []string{"http-addr", `"80"`}},
 		{"bad log format", nil, "", []string{"--domain", "x.example", "--log-format", "xml"}, []string{"log-format", `"xml"`}},
 		{"bad reserved name", nil, "", []string{"--domain", "x.example", "--reserved-names", "Bad_Name"}, []string{"reserved-names", "Bad_Name"}},
+		{"empty duration env", map[string]string{"NGSTONE_DRAIN_TIMEOUT": ""}, "", []string{"--domain", "x.example"}, []string{"drain-timeout", `""`}},
+		{"empty number env", map[string]string{"NGSTONE_MAX_CONNS": ""}, "", []string{"--domain", "x.example"}, []string{"max-conns", `""`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -31,13 +31,7 @@ func edgeConfig(t *testing.T, store string) edge.Config {
 }
 
 func newProxy(t *testing.T, e *tunneltest.Edge) *tunneltest.FaultProxy {
-	t.Helper()
-	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
+	return tunneltest.StartFaultProxy(t, e.Addr("control").String())
 }
 
 func tunnel(t *testing.T, e *tunneltest.Edge, host string) edge.Tunnel {

@@ -64,22 +64,12 @@ func (c *testCluster) start(name string, cli *clientv3.Client, tune func(*edge.C
 // etcdProxy returns a client of the shared etcd through a fault proxy.
 func etcdProxy(t *testing.T) (*clientv3.Client, *tunneltest.FaultProxy) {
 	t.Helper()
-	p, err := tunneltest.NewFaultProxy(strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
+	p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
 	return etcdtest.ClientAt(t, "http://"+p.Addr()), p
 }
 
 func controlProxy(t *testing.T, e *clusterEdge) *tunneltest.FaultProxy {
-	t.Helper()
-	p, err := tunneltest.NewFaultProxy(e.Addr("control").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	return p
+	return tunneltest.StartFaultProxy(t, e.Addr("control").String())
 }
 
 func startClusterAgent(t testing.TB, e *clusterEdge, edgeAddr, local, sub, instance string) *tunneltest.Agent {

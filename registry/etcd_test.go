@@ -218,11 +218,7 @@ func TestEtcdAcrossNodes(t *testing.T) {
 // node may bind, and it registers again when etcd is back.
 func TestEtcdLeaseLost(t *testing.T) {
 	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
-	proxy, err := tunneltest.NewFaultProxy(etcdtest.Endpoints(t)[0][len("http://"):])
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(proxy.Close)
+	proxy := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
 	var ha hookLog
 	a := startNode(t, etcdtest.ClientAt(t, "http://"+proxy.Addr()), prefix, "a", ha.hooks())
 	b := startNode(t, cli, prefix, "b", registry.Hooks{})
@@ -241,6 +237,7 @@ func TestEtcdLeaseLost(t *testing.T) {
 	}
 	var took registry.Result
 	eventually(t, "b to bind the name once a's lease expired", func() bool {
+		var err error
 		took, err = openBind(t, b, claim(instB, 1))
 		return err == nil
 	})

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 	"unsafe"
 
 	"github.com/letsencrypt/pebble/v2/ca"
@@ -157,4 +159,15 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// CertmagicLeaks are the goroutines certmagic leaves behind by design, for
+// goleak.VerifyTestMain in packages that run it.
+var CertmagicLeaks = []goleak.Option{
+	// certmagic keeps one ACME rate limiter per CA and account in a
+	// package-level map, never stopped.
+	goleak.IgnoreAnyFunction("github.com/caddyserver/certmagic.(*RingBufferRateLimiter).loop"),
+	// certmagic refreshes a storage lock file every 5s until it sees the
+	// file gone, so it outlives the unlock by up to 5s.
+	goleak.IgnoreAnyFunction("github.com/caddyserver/certmagic.keepLockfileFresh"),
 }

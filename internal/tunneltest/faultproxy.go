@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -239,4 +240,15 @@ func (l *link) reset() {
 		}
 		c.Close()
 	}
+}
+
+// StartFaultProxy runs a FaultProxy to target until the test ends.
+func StartFaultProxy(t testing.TB, target string) *FaultProxy {
+	t.Helper()
+	p, err := NewFaultProxy(target)
+	if err != nil {
+		t.Fatalf("fault proxy: %v", err)
+	}
+	t.Cleanup(p.Close)
+	return p
 }

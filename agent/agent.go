@@ -48,7 +48,7 @@ type Agent struct {
 	cfg      Config
 	log      *slog.Logger
 	local    *url.URL
-	upstream *http.Transport
+	upstream idleCloser
 	handler  http.Handler
 
 	mu        sync.Mutex

@@ -71,8 +71,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	deadline := time.Now().Add(a.cfg.DialTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	d := tls.Dialer{NetDialer: &net.Dialer{KeepAlive: 15 * time.Second}, Config: tc}
-	nc, err := d.DialContext(dctx, "tcp", a.cfg.Edge)
+	nc, err := dialTLS(dctx, a.cfg.Edge, tc)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
@@ -89,6 +88,21 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	c := &conn{a: a, ys: ys, events: make(chan error, 1), unbound: make(chan struct{}), readerDone: make(chan struct{})}
 	if err := c.handshake(deadline, takeover); err != nil {
 		ys.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// dialTLS dials the edge, with TLS over a batched socket so that a
+// transfer's records leave and arrive in few syscalls (mux.Batched).
+func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error) {
+	raw, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	c := tls.Client(mux.Batched(raw), tc)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
 		return nil, err
 	}
 	return c, nil

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"net/url"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -14,19 +15,8 @@ import (
 // newUpstream builds the proxy from the edge's streams to the local service.
 // Connections to the local service are kept alive and pooled: a request
 // costs a new stream, never a new local TCP connection.
-func (a *Agent) newUpstream() (*http.Transport, http.Handler) {
-	t := &http.Transport{
-		Proxy:                 nil,
-		DialContext:           (&net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
-		ResponseHeaderTimeout: a.cfg.UpstreamTimeout,
-		MaxIdleConns:          256,
-		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
-		DisableCompression:    true,
-		ForceAttemptHTTP2:     false,
-		// Default 4 KiB buffers: every pooled connection keeps two, and
-		// body copies larger than a buffer bypass it anyway.
-	}
+func (a *Agent) newUpstream() (idleCloser, http.Handler) {
+	t := a.newTransport()
 	local := a.local
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -51,6 +41,50 @@ func (a *Agent) newUpstream() (*http.Transport, http.Handler) {
 		rp.ServeHTTP(w, r)
 	})
 	return t, h
+}
+
+type idleCloser interface {
+	http.RoundTripper
+	CloseIdleConnections()
+}
+
+// newTransport returns the transport to the local service: localTransport
+// for plain HTTP, http.Transport for HTTPS.
+func (a *Agent) newTransport() idleCloser {
+	dialer := net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
+	if a.local.Scheme == "http" {
+		return &localTransport{
+			addr:          hostPort(a.local),
+			dialer:        dialer,
+			headerTimeout: a.cfg.UpstreamTimeout,
+			maxIdle:       256,
+			idleTimeout:   90 * time.Second,
+			probeIdle:     defaultProbeIdle,
+		}
+	}
+	return &http.Transport{
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		ResponseHeaderTimeout: a.cfg.UpstreamTimeout,
+		MaxIdleConns:          256,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+		// Default 4 KiB buffers: every pooled connection keeps two, and
+		// body copies larger than a buffer bypass it anyway.
+	}
+}
+
+// hostPort is u's HOST:PORT, with the scheme's port if u names none.
+func hostPort(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "https" {
+		return net.JoinHostPort(u.Hostname(), "443")
+	}
+	return net.JoinHostPort(u.Hostname(), "80")
 }
 
 // upstreamError maps a failed exchange with the local service to the

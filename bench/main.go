@@ -39,6 +39,8 @@ type options struct {
 	profile  string
 	phases   map[string]bool
 	keepTemp bool
+	childEnv []string
+	schemes  []string
 }
 
 func main() {
@@ -80,7 +82,13 @@ func parseFlags() options {
 	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
 	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run")
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
+	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")
+	childEnv := flag.String("childenv", "", "extra environment for the edge and agent, KEY=VALUE separated by commas (e.g. GOMAXPROCS=1)")
 	flag.Parse()
+	o.schemes = strings.Split(*schemes, ",")
+	if *childEnv != "" {
+		o.childEnv = strings.Split(*childEnv, ",")
+	}
 	o.size = int64(size) << 20
 	for _, c := range strings.Split(concs, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(c))

@@ -169,7 +169,7 @@ func (e *Edge) serve(ctx context.Context) {
 	}
 	tc := e.certs.TLSConfig()
 	tc.NextProtos = []string{mux.ALPN}
-	e.ctrlLn = tls.NewListener(e.listeners["control"], tc)
+	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.listeners["control"]), tc)
 	e.wg.Add(2)
 	go e.acceptAgents(ctx)
 	go e.reap(ctx)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,6 +34,18 @@ type metrics struct {
 	binds       *prometheus.CounterVec // result
 	evictions   prometheus.Counter
 	sessionEnds *prometheus.CounterVec // cause
+
+	// classes caches, by status/100, the children a request ends in, so
+	// the common request costs no label hashing: see observe.
+	classes [10]classChildren
+}
+
+// classChildren are one status class's series, each made on first use (a
+// series never seen is not exposed).
+type classChildren struct {
+	durationOnce, answeredOnce sync.Once
+	duration                   prometheus.Observer
+	answered                   prometheus.Counter // error_code="": the local service answered
 }
 
 // Session end causes, the values of ngstone_session_ends_total{cause}.
@@ -252,11 +265,27 @@ func (m *metrics) instrument(next http.Handler) http.Handler {
 		if status == 0 {
 			status = http.StatusOK // the handler wrote nothing
 		}
-		class := strconv.Itoa(status/100) + "xx"
 		code, _ := cw.code.Load().(string)
-		m.requests.WithLabelValues(class, code).Inc()
-		m.duration.WithLabelValues(class).Observe(time.Since(start).Seconds())
+		m.observe(status, code, time.Since(start))
 	})
+}
+
+// observe counts a request that ended with status and error code.
+func (m *metrics) observe(status int, code string, d time.Duration) {
+	n := status / 100
+	if n < 1 || n >= len(m.classes) {
+		return // WriteHeader allows only 100 to 999
+	}
+	c := &m.classes[n]
+	class := func() string { return strconv.Itoa(n) + "xx" }
+	if code == "" {
+		c.answeredOnce.Do(func() { c.answered = m.requests.WithLabelValues(class(), "") })
+		c.answered.Inc()
+	} else {
+		m.requests.WithLabelValues(class(), code).Inc()
+	}
+	c.durationOnce.Do(func() { c.duration = m.duration.WithLabelValues(class()) })
+	c.duration.Observe(d.Seconds())
 }
 
 type countingBody struct {

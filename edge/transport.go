@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -48,6 +49,7 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := x.readResponse(req, t.e.cfg.TunnelTimeout)
 	if err != nil {
 		x.close()
+		x.release()
 		return nil, err
 	}
 	return resp, nil
@@ -65,14 +67,23 @@ func writeRequest(conn net.Conn, req *http.Request) error {
 	return err
 }
 
-// exchange is one request's stream; closing it ends the exchange.
+// responseReaders read response headers and bodies from streams.
+var responseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
+// exchange is one request's stream; closing it ends the exchange. It is
+// also the response body the reverse proxy reads and closes.
 type exchange struct {
-	conn net.Conn
-	br   *bufio.Reader
-	stop func() bool
-	once sync.Once
+	conn     net.Conn
+	br       *bufio.Reader
+	body     io.ReadCloser // the response body, read from br
+	eof      bool          // body has returned io.EOF: it reads br no more
+	stop     func() bool
+	timedOut atomic.Bool
+	once     sync.Once
 }
 
+// close ends the exchange; it may run on another goroutine than the reads
+// (a visitor gone, a timeout), so it leaves br alone.
 func (x *exchange) close() {
 	x.once.Do(func() {
 		x.stop()
@@ -80,49 +91,93 @@ func (x *exchange) close() {
 	})
 }
 
+// release gives br back once nothing reads it any more.
+func (x *exchange) release() {
+	if x.br != nil {
+		x.br.Reset(nil)
+		responseReaders.Put(x.br)
+		x.br = nil
+	}
+}
+
+// errTunnelTimeout: the agent sent no response headers within the tunnel
+// timeout.
+var errTunnelTimeout = timeoutError{}
+
+type timeoutError struct{}
+
+func (timeoutError) Error() string   { return "edge: no response headers from the agent in time" }
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
 // readResponse reads the response headers within timeout, skipping
 // informational responses other than 101.
 func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http.Response, error) {
-	x.br = bufio.NewReaderSize(x.conn, 4<<10)
-	x.conn.SetReadDeadline(time.Now().Add(timeout))
-	var resp *http.Response
+	x.br = responseReaders.Get().(*bufio.Reader)
+	x.br.Reset(x.conn)
+	t := time.AfterFunc(timeout, func() {
+		x.timedOut.Store(true)
+		x.close()
+	})
+	resp, err := readFinal(x.br, req)
+	if !t.Stop() && x.timedOut.Load() {
+		err = errTunnelTimeout
+	}
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The reverse proxy copies both ways on an upgraded body, on two
+		// goroutines: its reader is never pooled again.
+		resp.Body = &upgradedBody{x: x, br: x.br}
+		x.br = nil
+		return resp, nil
+	}
+	x.body = resp.Body
+	resp.Body = x
+	return resp, nil
+}
+
+func readFinal(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 	for {
-		var err error
-		resp, err = http.ReadResponse(x.br, req)
+		resp, err := http.ReadResponse(br, req)
 		if err != nil {
 			return nil, err
 		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
+			return resp, nil
 		}
 		resp.Body.Close()
 	}
-	x.conn.SetReadDeadline(time.Time{})
-	if resp.StatusCode == http.StatusSwitchingProtocols {
-		// The reverse proxy copies both ways on an upgraded body.
-		resp.Body = &upgradedBody{x: x}
-		return resp, nil
+}
+
+func (x *exchange) Read(p []byte) (int, error) {
+	n, err := x.body.Read(p)
+	if err == io.EOF {
+		x.eof = true
 	}
-	resp.Body = &responseBody{ReadCloser: resp.Body, x: x}
-	return resp, nil
+	return n, err
 }
 
-// responseBody ends the exchange when the reverse proxy closes it.
-type responseBody struct {
-	io.ReadCloser
-	x *exchange
-}
-
-func (b *responseBody) Close() error {
-	b.x.close()
+// Close ends the exchange when the reverse proxy is done with the body.
+// br goes back to its pool only if the body was read to its end: a read
+// cut short may still be under way on another goroutine.
+func (x *exchange) Close() error {
+	x.close()
+	if x.eof || x.body == http.NoBody {
+		x.release()
+	}
 	return nil
 }
 
 // upgradedBody is the stream after a 101: reads take what the header
 // reader had buffered first.
-type upgradedBody struct{ x *exchange }
+type upgradedBody struct {
+	x  *exchange
+	br *bufio.Reader
+}
 
-func (b *upgradedBody) Read(p []byte) (int, error)  { return b.x.br.Read(p) }
+func (b *upgradedBody) Read(p []byte) (int, error)  { return b.br.Read(p) }
 func (b *upgradedBody) Write(p []byte) (int, error) { return b.x.conn.Write(p) }
 func (b *upgradedBody) Close() error {
 	b.x.close()

@@ -2,10 +2,18 @@ package mux
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"errors"
 	"io"
+	"math/big"
+	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -133,4 +141,224 @@ func TestCoalesceUnderYamux(t *testing.T) {
 	if _, err := io.ReadFull(st, got); err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("echo: %v; the bytes differ: %v", err, !bytes.Equal(got, msg))
 	}
+}
+
+func heldFrame(flags uint16, id uint32) []byte {
+	h := make([]byte, yamuxHeaderSize)
+	h[1] = yamuxTypeWindowUpdate
+	binary.BigEndian.PutUint16(h[2:], flags)
+	binary.BigEndian.PutUint32(h[4:], id)
+	return h
+}
+
+func TestCoalesceHoldsControlFramesBriefly(t *testing.T) {
+	client, server := tcpPair(t)
+	c := Coalesce(client)
+	t.Cleanup(func() { c.Close() })
+	// A lone ACK leaves within holdControl even with nothing after it.
+	ack := heldFrame(0x2, 7)
+	start := time.Now()
+	if _, err := c.Write(ack); err != nil {
+		t.Fatal(err)
+	}
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got := make([]byte, yamuxHeaderSize)
+	if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, ack) {
+		t.Fatalf("held frame: %x, %v", got, err)
+	}
+	if d := time.Since(start); d < holdControl/2 {
+		t.Errorf("held frame left after %v, before its hold", d)
+	}
+	// A FIN followed by a data frame leaves with it, in order, at once.
+	fin, body := heldFrame(0x4, 9), []byte("response")
+	for _, p := range [][]byte{fin, dataHeader(len(body)), body} {
+		if _, err := c.Write(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := append(append(append([]byte{}, fin...), dataHeader(len(body))...), body...)
+	got = make([]byte, len(want))
+	if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("frames = %x, %v; want %x", got, err, want)
+	}
+	// An RST, like any other frame, leaves at once.
+	rst := heldFrame(0x8, 11)
+	start = time.Now()
+	c.Write(rst)
+	got = make([]byte, yamuxHeaderSize)
+	if _, err := io.ReadFull(server, got); err != nil || !bytes.Equal(got, rst) {
+		t.Fatalf("RST: %x, %v", got, err)
+	}
+}
+
+func TestCoalesceCloseSendsHeldFrames(t *testing.T) {
+	client, server := tcpPair(t)
+	c := Coalesce(client)
+	fin := heldFrame(0x4, 3)
+	if _, err := c.Write(fin); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(server)
+	if err != nil || !bytes.Equal(b, fin) {
+		t.Fatalf("peer read %x, %v; want the FIN, then EOF", b, err)
+	}
+}
+
+// TestCoalesceStalledPeer: with the peer not reading, writes block once the
+// buffer is full, and Close still returns within about closeFlushTimeout.
+func TestCoalesceStalledPeer(t *testing.T) {
+	client, _ := tcpPair(t)
+	c := Coalesce(client)
+	body := make([]byte, 64<<10)
+	wrote := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := c.Write(dataHeader(len(body))); err != nil {
+				wrote <- err
+				return
+			}
+			if _, err := c.Write(body); err != nil {
+				wrote <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // let the socket buffers fill
+	start := time.Now()
+	c.Close()
+	if d := time.Since(start); d > closeFlushTimeout+2*time.Second {
+		t.Errorf("Close took %v with a stalled peer", d)
+	}
+	select {
+	case err := <-wrote:
+		if err == nil {
+			t.Error("blocked write returned no error after Close")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a blocked write did not return after Close")
+	}
+}
+
+// TestCoalesceYamuxStress runs many concurrent echo streams of random sizes
+// through coalesced, batched TLS connections, then closes the sessions
+// while streams are still busy. It guards against lost wake-ups: every
+// wait is bounded.
+func TestCoalesceYamuxStress(t *testing.T) {
+	cs, ss := tlsYamuxPair(t)
+	go func() {
+		for {
+			st, err := ss.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(st, st)
+				st.Close()
+			}()
+		}
+	}()
+	rng := rand.New(rand.NewPCG(1, 2))
+	sizes := make([]int, 24)
+	for i := range sizes {
+		sizes[i] = 1 + rng.IntN(3<<20>>uint(i%4*3))
+	}
+	var wg sync.WaitGroup
+	for i, n := range sizes {
+		wg.Go(func() {
+			st, err := cs.Open()
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer st.Close()
+			st.SetDeadline(time.Now().Add(20 * time.Second))
+			msg := make([]byte, n)
+			for j := range msg {
+				msg[j] = byte(i + j)
+			}
+			go st.Write(msg)
+			got := make([]byte, n)
+			if _, err := io.ReadFull(st, got); err != nil || !bytes.Equal(got, msg) {
+				t.Errorf("stream %d (%d bytes): %v; equal %v", i, n, err, bytes.Equal(got, msg))
+			}
+		})
+	}
+	wg.Wait()
+	// Close while streams are busy: nothing may hang.
+	for range 8 {
+		st, err := cs.Open()
+		if err != nil {
+			break
+		}
+		go st.Write(make([]byte, 1<<20))
+		go io.Copy(io.Discard, st)
+	}
+	done := make(chan struct{})
+	go func() {
+		cs.Close()
+		ss.Close()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing busy sessions hung")
+	}
+}
+
+// tlsYamuxPair returns a yamux client and server over loopback TLS with
+// batched sockets and coalesced writes on both sides, as agent and edge run.
+func tlsYamuxPair(t *testing.T) (*yamux.Session, *yamux.Session) {
+	t.Helper()
+	cert := selfSigned(t)
+	client, server := tcpPair(t)
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	tc := tls.Client(Batched(client), &tls.Config{RootCAs: roots, ServerName: "localhost"})
+	ts := tls.Server(Batched(server), &tls.Config{Certificates: []tls.Certificate{cert}})
+	errc := make(chan error, 1)
+	go func() { errc <- ts.Handshake() }()
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	cs, err := yamux.Client(Coalesce(tc), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ss, err := yamux.Server(Coalesce(ts), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close(); ss.Close() })
+	return cs, ss
+}
+
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), crand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		DNSNames:     []string{"localhost"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+	}
+	der, err := x509.CreateCertificate(crand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
 }

@@ -1,0 +1,145 @@
+package mux
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+)
+
+// Batching under TLS. crypto/tls writes each record (at most 16 KiB of
+// data) with a write of its own and reads about one record per read, so a
+// transfer through a session costs two syscalls per 16 KiB on each side.
+// A batched connection sits between the TLS connection and the socket:
+// while Coalesce writes one buffer through TLS, the records gather and
+// leave in one write; and while data streams in, one read takes as much as
+// the socket holds (up to batchSize) for TLS to read record by record.
+// Idle, it holds no buffer.
+
+// batchSize bounds one batched read and the records gathered for one write.
+const batchSize = 256 << 10
+
+// Room for the TLS overhead of a full coalesced buffer too.
+var batchBufs = sync.Pool{New: func() any { b := make([]byte, batchSize, batchSize+16<<10); return &b }}
+
+// Batched wraps the socket of a session's TLS connection:
+// tls.Client(Batched(tcp), cfg) or tls.Server(Batched(tcp), cfg). Coalesce,
+// given that TLS connection, gathers the records of each buffer it writes.
+func Batched(c net.Conn) net.Conn { return &batchedConn{Conn: c} }
+
+type batchedConn struct {
+	net.Conn
+
+	// Read side, used by one reader at a time (TLS reads under its lock).
+	rbuf      *[]byte // unread bytes are (*rbuf)[r:w]; nil when empty
+	r, w      int
+	streaming bool // the last read filled what it was given
+
+	// Write side: mu orders corked buffers and passing writes.
+	mu     sync.Mutex
+	corked bool
+	wbuf   *[]byte
+}
+
+func (c *batchedConn) Read(p []byte) (int, error) {
+	if c.rbuf != nil {
+		n := copy(p, (*c.rbuf)[c.r:c.w])
+		c.r += n
+		if c.r == c.w {
+			c.releaseRead()
+		}
+		return n, nil
+	}
+	if !c.streaming || len(p) >= batchSize {
+		// Idle or a large read: straight into p, holding no buffer
+		// while the read waits.
+		n, err := c.Conn.Read(p)
+		c.streaming = n > 0 && n == len(p)
+		return n, err
+	}
+	b := batchBufs.Get().(*[]byte)
+	n, err := c.Conn.Read(*b)
+	c.streaming = n >= len(*b)/4
+	if n == 0 {
+		batchBufs.Put(b)
+		return 0, err
+	}
+	// An error comes again from the next read of the socket, after
+	// what arrived before it.
+	m := copy(p, (*b)[:n])
+	if m < n {
+		c.rbuf, c.r, c.w = b, m, n
+	} else {
+		batchBufs.Put(b)
+	}
+	return m, nil
+}
+
+func (c *batchedConn) releaseRead() {
+	batchBufs.Put(c.rbuf)
+	c.rbuf, c.r, c.w = nil, 0, 0
+}
+
+func (c *batchedConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.corked {
+		*c.wbuf = append(*c.wbuf, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+// cork starts gathering writes.
+func (c *batchedConn) cork() {
+	c.mu.Lock()
+	c.corked = true
+	if c.wbuf == nil {
+		c.wbuf = batchBufs.Get().(*[]byte)
+		*c.wbuf = (*c.wbuf)[:0]
+	}
+	c.mu.Unlock()
+}
+
+// uncork writes what was gathered since cork and passes writes through
+// again.
+func (c *batchedConn) uncork() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.corked = false
+	b := c.wbuf
+	c.wbuf = nil
+	var err error
+	if len(*b) > 0 {
+		_, err = c.Conn.Write(*b)
+	}
+	if cap(*b) <= 2*batchSize {
+		*b = (*b)[:batchSize]
+		batchBufs.Put(b)
+	}
+	return err
+}
+
+// batchedUnder returns the batched connection under c, a TLS connection,
+// or nil.
+func batchedUnder(c net.Conn) *batchedConn {
+	tc, ok := c.(*tls.Conn)
+	if !ok {
+		return nil
+	}
+	bc, _ := tc.NetConn().(*batchedConn)
+	return bc
+}
+
+// BatchedListener wraps a listener whose connections carry sessions:
+// tls.NewListener(BatchedListener(ln), cfg).
+func BatchedListener(ln net.Listener) net.Listener { return batchedListener{ln} }
+
+type batchedListener struct{ net.Listener }
+
+func (l batchedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return Batched(c), nil
+}

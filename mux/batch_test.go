@@ -1,0 +1,81 @@
+package mux
+
+import (
+	"bytes"
+	"io"
+	"testing"
+	"time"
+)
+
+func TestBatchedReadsInOrderAndHoldsNoBufferIdle(t *testing.T) {
+	client, server := tcpPair(t)
+	bc := Batched(client).(*batchedConn)
+	client.SetReadDeadline(time.Now().Add(10 * time.Second))
+
+	// A small message, read with a small buffer: straight through.
+	server.Write([]byte("hello"))
+	p := make([]byte, 1000)
+	if n, err := bc.Read(p); err != nil || string(p[:n]) != "hello" {
+		t.Fatalf("read %q, %v", p[:n], err)
+	}
+	if bc.rbuf != nil {
+		t.Fatal("an idle read kept a batch buffer")
+	}
+
+	// A stream read in small pieces: in order, through batch buffers,
+	// and none kept once it is all read.
+	msg := make([]byte, 3<<20)
+	for i := range msg {
+		msg[i] = byte(i * 7)
+	}
+	go server.Write(msg)
+	var got bytes.Buffer
+	batched := false
+	for got.Len() < len(msg) {
+		n, err := bc.Read(p[:1000])
+		if err != nil {
+			t.Fatalf("after %d bytes: %v", got.Len(), err)
+		}
+		got.Write(p[:n])
+		batched = batched || bc.rbuf != nil
+	}
+	if !bytes.Equal(got.Bytes(), msg) {
+		t.Fatal("bytes differ from those written")
+	}
+	if !batched {
+		t.Error("a 3 MiB stream read 1000 bytes at a time never used a batch buffer")
+	}
+	if bc.rbuf != nil {
+		t.Error("a batch buffer kept after the stream was read")
+	}
+
+	// The error after the data comes after the data.
+	server.Write([]byte("end"))
+	server.Close()
+	b, err := io.ReadAll(bc)
+	if err != nil || string(b) != "end" {
+		t.Fatalf("read %q, %v; want the last bytes, then EOF", b, err)
+	}
+}
+
+func TestBatchedWritesPassThroughUncorked(t *testing.T) {
+	client, server := tcpPair(t)
+	bc := Batched(client).(*batchedConn)
+	bc.Write([]byte("direct "))
+	bc.cork()
+	bc.Write([]byte("gathered "))
+	bc.Write([]byte("records"))
+	server.SetReadDeadline(time.Now().Add(5 * time.Second))
+	p := make([]byte, 64)
+	n, _ := io.ReadAtLeast(server, p, len("direct "))
+	if string(p[:n]) != "direct " {
+		t.Fatalf("read %q before uncork; want only the uncorked write", p[:n])
+	}
+	if err := bc.uncork(); err != nil {
+		t.Fatal(err)
+	}
+	want := "gathered records"
+	if n, err := io.ReadFull(server, p[:len(want)]); err != nil || string(p[:n]) != want {
+		t.Fatalf("read %q, %v; want %q", p[:n], err, want)
+	}
+}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Cluster is an edge's cluster settings (`ngstone edge --cluster-etcd`).
@@ -81,35 +80,29 @@ func (c *Edge) Cluster() (Cluster, error) {
 	return cl, nil
 }
 
-// EtcdConfig returns the etcd client configuration of c. It reads the TLS
-// files but does not connect.
-func (c Cluster) EtcdConfig() (clientv3.Config, error) {
-	cfg := clientv3.Config{
-		Endpoints: c.Endpoints, DialTimeout: 5 * time.Second,
-		DialKeepAliveTime: 10 * time.Second, DialKeepAliveTimeout: 5 * time.Second,
-		Username: c.Username, Password: c.Password,
-	}
+// EtcdTLS returns the client TLS for etcd from the files of c; nil when
+// none is set.
+func (c Cluster) EtcdTLS() (*tls.Config, error) {
 	if c.CAFile == "" && c.CertFile == "" {
-		return cfg, nil
+		return nil, nil
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if c.CAFile != "" {
 		pem, err := os.ReadFile(c.CAFile)
 		if err != nil {
-			return cfg, fmt.Errorf("cluster-etcd-ca: %w", err)
+			return nil, fmt.Errorf("cluster-etcd-ca: %w", err)
 		}
 		tc.RootCAs = x509.NewCertPool()
 		if !tc.RootCAs.AppendCertsFromPEM(pem) {
-			return cfg, fmt.Errorf("cluster-etcd-ca %s: no PEM certificate in it", c.CAFile)
+			return nil, fmt.Errorf("cluster-etcd-ca %s: no PEM certificate in it", c.CAFile)
 		}
 	}
 	if c.CertFile != "" {
 		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
 		if err != nil {
-			return cfg, fmt.Errorf("cluster-etcd-cert/key: %w", err)
+			return nil, fmt.Errorf("cluster-etcd-cert/key: %w", err)
 		}
 		tc.Certificates = []tls.Certificate{cert}
 	}
-	cfg.TLS = tc
-	return cfg, nil
+	return tc, nil
 }

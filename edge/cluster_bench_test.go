@@ -63,7 +63,7 @@ func BenchmarkClusterRequest(b *testing.B) {
 //	go test -run '^$' -bench Bind -benchtime 2000x ./edge
 func BenchmarkBind(b *testing.B) {
 	ctx := context.Background()
-	etcd := registry.NewEtcd(registry.EtcdConfig{Client: etcdtest.Client(b), Prefix: etcdtest.Prefix(b), Node: "bench"})
+	etcd := registry.NewEtcd(registry.EtcdConfig{Endpoints: etcdtest.Endpoints(b), Prefix: etcdtest.Prefix(b), Node: "bench"})
 	if err := etcd.Start(ctx, "bench:7443", registry.Hooks{}); err != nil {
 		b.Fatal(err)
 	}

@@ -14,8 +14,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/etcdtest"
@@ -44,13 +42,13 @@ type clusterEdge struct {
 }
 
 // start runs edge name; cli is its etcd client (nil: a direct one).
-func (c *testCluster) start(name string, cli *clientv3.Client, tune func(*edge.Config)) *clusterEdge {
+func (c *testCluster) start(name string, endpoints []string, tune func(*edge.Config)) *clusterEdge {
 	t := c.t
 	t.Helper()
-	if cli == nil {
-		cli = etcdtest.Client(t)
+	if endpoints == nil {
+		endpoints = etcdtest.Endpoints(t)
 	}
-	store := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: c.prefix, Node: name,
+	store := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
 		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, Log: tunneltest.Logger().With("side", name)})
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.TLS.DataDir = c.dataDir
@@ -62,10 +60,10 @@ func (c *testCluster) start(name string, cli *clientv3.Client, tune func(*edge.C
 }
 
 // etcdProxy returns a client of the shared etcd through a fault proxy.
-func etcdProxy(t *testing.T) (*clientv3.Client, *tunneltest.FaultProxy) {
+func etcdProxy(t *testing.T) ([]string, *tunneltest.FaultProxy) {
 	t.Helper()
 	p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
-	return etcdtest.ClientAt(t, "http://"+p.Addr()), p
+	return []string{"http://" + p.Addr()}, p
 }
 
 func controlProxy(t *testing.T, e *clusterEdge) *tunneltest.FaultProxy {
@@ -342,7 +340,7 @@ func TestClusterStaleRoute(t *testing.T) {
 // on each, all bind one name at once: one is online, fifteen are refused.
 func TestClusterSixteenEdgesRace(t *testing.T) {
 	c := newTestCluster(t)
-	cli := etcdtest.Client(t)
+	cli := etcdtest.Endpoints(t)
 	backend := tunneltest.StartBackend(t)
 	const n = 16
 	edges := make([]*clusterEdge, n)

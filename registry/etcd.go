@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,10 +12,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // ErrUnavailable is returned by a cluster store that cannot vouch for its
@@ -29,8 +26,14 @@ const bindAttempts = 64
 
 // EtcdConfig configures an Etcd store.
 type EtcdConfig struct {
-	// Client talks to the cluster; the caller owns and closes it.
-	Client *clientv3.Client
+	// Endpoints are the etcd members' client URLs (http:// or https://).
+	Endpoints []string
+	// TLS is the client TLS for https endpoints; nil means the system's
+	// roots and no client certificate.
+	TLS *tls.Config
+	// Username and Password authenticate to an etcd with auth enabled;
+	// empty means none.
+	Username, Password string
 	// Prefix of every key; empty means DefaultEtcdPrefix.
 	Prefix string
 	// Node is this edge's name, unique in the cluster.
@@ -79,13 +82,13 @@ type Hooks struct {
 // bindings of this node taken over elsewhere (Hooks.TakenOver).
 type Etcd struct {
 	cfg   EtcdConfig
-	cli   *clientv3.Client
+	cli   *etcdClient
 	log   *slog.Logger
 	addr  string
 	hooks Hooks
 
 	mu     sync.Mutex
-	lease  clientv3.LeaseID
+	lease  int64
 	ready  bool
 	routes map[string]Binding
 	tombs  map[string]tomb // hostnames deleted, so a late event cannot revive them
@@ -131,7 +134,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Etcd{
-		cfg: cfg, cli: cfg.Client, log: log.With("node", cfg.Node),
+		cfg: cfg, cli: newEtcdClient(cfg.Endpoints, cfg.TLS, cfg.Username, cfg.Password), log: log.With("node", cfg.Node),
 		routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{},
 	}
 }
@@ -169,6 +172,7 @@ func (s *Etcd) Close() error {
 	}
 	s.wg.Wait()
 	s.revoke()
+	s.cli.close()
 	return nil
 }
 
@@ -185,7 +189,7 @@ func (s *Etcd) sessionKey(node string, id uint64) string {
 	return s.cfg.Prefix + "sessions/" + node + "/" + strconv.FormatUint(id, 10)
 }
 
-func (s *Etcd) currentLease() (clientv3.LeaseID, bool) {
+func (s *Etcd) currentLease() (int64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.lease, s.ready
@@ -199,22 +203,28 @@ func (s *Etcd) register(ctx context.Context, wait bool) error {
 	val, _ := json.Marshal(nodeRecord{Addr: s.addr})
 	key := s.nodeKey(s.cfg.Node)
 	for warned := false; ; {
-		lease, err := s.cli.Grant(ctx, ttl)
+		lease, err := s.cli.grant(ctx, ttl)
+		if err != nil && warned && ctx.Err() != nil {
+			return s.nameInUse(err)
+		}
 		if err != nil {
 			return fmt.Errorf("cluster: grant lease: %w", err)
 		}
-		tr, err := s.cli.Txn(ctx).
-			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease.ID))).
-			Commit()
+		tr, err := s.cli.txn(ctx, etcdTxnReq{
+			Compare: []etcdCmp{absent(key)},
+			Success: []etcdOp{{Put: &etcdPutReq{Key: []byte(key), Value: val, Lease: lease}}},
+		})
 		if err == nil && tr.Succeeded {
 			s.mu.Lock()
-			s.lease, s.ready = lease.ID, true
+			s.lease, s.ready = lease, true
 			s.mu.Unlock()
 			s.log.Info("cluster node registered", "lease_ttl", time.Duration(ttl)*time.Second, "addr", s.addr)
 			return nil
 		}
-		s.cli.Revoke(context.WithoutCancel(ctx), lease.ID)
+		s.cli.revoke(context.WithoutCancel(ctx), lease)
+		if err != nil && warned && ctx.Err() != nil {
+			return s.nameInUse(err)
+		}
 		if err != nil {
 			return fmt.Errorf("cluster: register node: %w", err)
 		}
@@ -227,10 +237,14 @@ func (s *Etcd) register(ctx context.Context, wait bool) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: node name %q is registered by a live edge: choose another --node-name: %w", s.cfg.Node, ctx.Err())
+			return s.nameInUse(ctx.Err())
 		case <-time.After(s.cfg.RetryInterval):
 		}
 	}
+}
+
+func (s *Etcd) nameInUse(err error) error {
+	return fmt.Errorf("cluster: node name %q is registered by a live edge: choose another --node-name: %w", s.cfg.Node, err)
 }
 
 func (s *Etcd) revoke() {
@@ -243,7 +257,7 @@ func (s *Etcd) revoke() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := s.cli.Revoke(ctx, lease); err != nil {
+	if err := s.cli.revoke(ctx, lease); err != nil {
 		s.log.Warn("cluster lease revoke failed; it expires by itself", "err", err)
 	}
 }
@@ -271,7 +285,7 @@ func (s *Etcd) keepAlive(ctx context.Context) {
 			// lost before etcd expired it): end it, so that registering
 			// again need not wait for the expiry.
 			rctx, cancel := context.WithTimeout(ctx, every)
-			s.cli.Revoke(rctx, lease)
+			s.cli.revoke(rctx, lease)
 			cancel()
 			if err := s.register(ctx, false); err == nil {
 				lastOK = time.Now()
@@ -286,14 +300,14 @@ func (s *Etcd) keepAlive(ctx context.Context) {
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, every)
-		_, err := s.cli.KeepAliveOnce(rctx, lease)
+		err := s.cli.keepAliveOnce(rctx, lease)
 		cancel()
 		switch {
 		case err == nil:
 			lastOK = time.Now()
 		case ctx.Err() != nil:
 			return
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || time.Since(lastOK) > 2*s.cfg.LeaseTTL/3:
+		case errors.Is(err, errLeaseNotFound) || time.Since(lastOK) > 2*s.cfg.LeaseTTL/3:
 			s.lost(err)
 		}
 	}
@@ -315,7 +329,7 @@ func (s *Etcd) OpenSession(ctx context.Context, id uint64) error {
 	if !ready {
 		return ErrUnavailable
 	}
-	if _, err := s.cli.Put(ctx, s.sessionKey(s.cfg.Node, id), "", clientv3.WithLease(lease)); err != nil {
+	if err := s.cli.put(ctx, s.sessionKey(s.cfg.Node, id), "", lease); err != nil {
 		return fmt.Errorf("cluster: open session %d: %w", id, err)
 	}
 	return nil
@@ -324,7 +338,7 @@ func (s *Etcd) OpenSession(ctx context.Context, id uint64) error {
 // CloseSession marks a session of this node dead: rule 2 applies to its
 // bindings from now on.
 func (s *Etcd) CloseSession(ctx context.Context, id uint64) error {
-	if _, err := s.cli.Delete(ctx, s.sessionKey(s.cfg.Node, id)); err != nil {
+	if err := s.cli.delete(ctx, s.sessionKey(s.cfg.Node, id)); err != nil {
 		return fmt.Errorf("cluster: close session %d: %w", id, err)
 	}
 	return nil
@@ -342,7 +356,7 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 		if !ready {
 			return Result{}, ErrUnavailable
 		}
-		resp, err := s.cli.Get(ctx, key)
+		resp, err := s.cli.get(ctx, key, false)
 		if err != nil {
 			return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 		}
@@ -366,13 +380,12 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 
 // tryBind decides on the binding read at oldRev and commits the decision
 // if the key is still as read. done is false when it was not.
-func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, old Binding, held bool, oldRev int64) (Result, bool, error) {
-	guard := clientv3.Compare(clientv3.ModRevision(key), "=", oldRev)
+func (s *Etcd) tryBind(ctx context.Context, c Claim, lease int64, key string, old Binding, held bool, oldRev int64) (Result, bool, error) {
+	cmps := []etcdCmp{modIs(key, oldRev)}
 	var outcome Outcome
-	var extra []clientv3.Cmp
 	switch {
 	case !held:
-		outcome, guard = Created, clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+		outcome, cmps = Created, []etcdCmp{absent(key)}
 	case c.Exclusive:
 		return Result{}, true, ErrTaken
 	case old.SessionID == c.SessionID && old.Node == c.Node && sameInstance(old, c):
@@ -381,16 +394,16 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 		outcome = SameInstance
 	default:
 		outcome = DeadHolder
-		extra = append(extra, clientv3.Compare(clientv3.CreateRevision(s.sessionKey(old.Node, old.SessionID)), "=", 0))
+		cmps = append(cmps, absent(s.sessionKey(old.Node, old.SessionID)))
 	}
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
 		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0)}
 	val, _ := json.Marshal(record{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID, Node: b.Node, BoundAt: b.BoundAt})
-	tr, err := s.cli.Txn(ctx).
-		If(append([]clientv3.Cmp{guard}, extra...)...).
-		Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).
-		Else(clientv3.OpGet(key, clientv3.WithKeysOnly())).
-		Commit()
+	tr, err := s.cli.txn(ctx, etcdTxnReq{
+		Compare: cmps,
+		Success: []etcdOp{{Put: &etcdPutReq{Key: []byte(key), Value: val, Lease: lease}}},
+		Failure: []etcdOp{{Range: &etcdRangeReq{Key: []byte(key), KeysOnly: true}}},
+	})
 	if err != nil {
 		return Result{}, true, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
@@ -412,11 +425,11 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 }
 
 // keyAt reports whether the Else branch of tr read the key at rev.
-func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
-	if len(tr.Responses) == 0 {
+func keyAt(tr *etcdTxnResp, rev int64) bool {
+	if len(tr.Responses) == 0 || tr.Responses[0].Range == nil {
 		return false
 	}
-	kvs := tr.Responses[0].GetResponseRange().GetKvs()
+	kvs := tr.Responses[0].Range.Kvs
 	return len(kvs) == 1 && kvs[0].ModRevision == rev
 }
 
@@ -426,7 +439,7 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		return false, nil
 	}
 	key := s.hostKey(hostname)
-	resp, err := s.cli.Get(ctx, key)
+	resp, err := s.cli.get(ctx, key, false)
 	if err != nil {
 		return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 	}
@@ -439,10 +452,10 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 	if err != nil || old.SessionID != sessionID {
 		return false, err
 	}
-	tr, err := s.cli.Txn(ctx).
-		If(clientv3.Compare(clientv3.ModRevision(key), "=", int64(generation))).
-		Then(clientv3.OpDelete(key)).
-		Commit()
+	tr, err := s.cli.txn(ctx, etcdTxnReq{
+		Compare: []etcdCmp{modIs(key, int64(generation))},
+		Success: []etcdOp{{Delete: &etcdDeleteReq{Key: []byte(key)}}},
+	})
 	if err != nil {
 		return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 	}
@@ -455,7 +468,7 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 // Get reads hostname's binding from etcd (linearizable) and refreshes the
 // route cache with it.
 func (s *Etcd) Get(ctx context.Context, hostname string) (Binding, bool, error) {
-	resp, err := s.cli.Get(ctx, s.hostKey(hostname))
+	resp, err := s.cli.get(ctx, s.hostKey(hostname), false)
 	if err != nil {
 		return Binding{}, false, fmt.Errorf("registry: get %s: %w", hostname, err)
 	}
@@ -474,7 +487,7 @@ func (s *Etcd) Get(ctx context.Context, hostname string) (Binding, bool, error) 
 // List reads every binding from etcd, sorted by hostname.
 func (s *Etcd) List(ctx context.Context) ([]Binding, error) {
 	prefix := s.hostKey("")
-	resp, err := s.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	resp, err := s.cli.get(ctx, prefix, true)
 	if err != nil {
 		return nil, fmt.Errorf("registry: list: %w", err)
 	}
@@ -543,7 +556,7 @@ func (s *Etcd) applyDelete(hostname string, rev int64) {
 // watch from. Bindings of this node that vanished since the last load
 // (while the watch was down) are reported taken over.
 func (s *Etcd) load(ctx context.Context) (int64, error) {
-	resp, err := s.cli.Get(ctx, s.cfg.Prefix, clientv3.WithPrefix())
+	resp, err := s.cli.get(ctx, s.cfg.Prefix, true)
 	if err != nil {
 		return 0, err
 	}
@@ -569,7 +582,7 @@ func (s *Etcd) load(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, nodes map[string]string) {
+func (s *Etcd) collect(kv etcdKV, routes map[string]Binding, nodes map[string]string) {
 	k := strings.TrimPrefix(string(kv.Key), s.cfg.Prefix)
 	switch {
 	case strings.HasPrefix(k, "hosts/"):
@@ -586,24 +599,21 @@ func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, nodes map
 }
 
 // watch applies every change under the prefix to the caches, reloading
-// when the watch breaks (compaction, lost leader).
+// when the watch breaks (compaction, a member gone).
 func (s *Etcd) watch(ctx context.Context, rev int64) {
 	defer s.wg.Done()
 	for ctx.Err() == nil {
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		ch := s.cli.Watch(wctx, s.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithRev(rev+1))
-		for resp := range ch {
-			if resp.Err() != nil {
-				s.log.Warn("cluster watch broken; reloading routes", "err", resp.Err())
-				break
-			}
-			for _, ev := range resp.Events {
+		err := s.cli.watch(ctx, s.cfg.Prefix, rev+1, func(resp *etcdWatchResp) {
+			for _, ev := range resp.Result.Events {
 				s.event(ev)
 			}
-			rev = max(rev, resp.Header.Revision)
+			rev = max(rev, resp.Result.Header.Revision)
 			s.pruneTombs()
+		})
+		if ctx.Err() != nil {
+			return
 		}
-		cancel()
+		s.log.Warn("cluster watch broken; reloading routes", "err", err)
 		for ctx.Err() == nil {
 			r, err := s.load(ctx)
 			if err == nil {
@@ -618,13 +628,13 @@ func (s *Etcd) watch(ctx context.Context, rev int64) {
 	}
 }
 
-func (s *Etcd) event(ev *clientv3.Event) {
+func (s *Etcd) event(ev etcdEvent) {
 	k := strings.TrimPrefix(string(ev.Kv.Key), s.cfg.Prefix)
 	switch {
 	case strings.HasPrefix(k, "hosts/"):
 		h := strings.TrimPrefix(k, "hosts/")
 		var now *Binding
-		if ev.Type == clientv3.EventTypePut {
+		if ev.Type != "DELETE" {
 			if b, err := s.decode(h, ev.Kv.Value, ev.Kv.ModRevision); err == nil {
 				s.applyPut(b)
 				now = &b
@@ -641,7 +651,7 @@ func (s *Etcd) event(ev *clientv3.Event) {
 	case strings.HasPrefix(k, "nodes/"):
 		n := strings.TrimPrefix(k, "nodes/")
 		s.mu.Lock()
-		if ev.Type == clientv3.EventTypeDelete {
+		if ev.Type == "DELETE" {
 			delete(s.nodes, n)
 		} else {
 			var r nodeRecord

@@ -2,9 +2,6 @@ package registry
 
 import (
 	"testing"
-
-	"go.etcd.io/etcd/api/v3/mvccpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // FuzzEtcdEvent feeds the watch arbitrary keys and values, as a broken or
@@ -20,12 +17,12 @@ func FuzzEtcdEvent(f *testing.F) {
 		var told []Binding
 		s := NewEtcd(EtcdConfig{Prefix: "/p/", Node: "n1"})
 		s.hooks = Hooks{TakenOver: func(b Binding) { told = append(told, b) }}
-		ev := &clientv3.Event{Type: clientv3.EventTypePut, Kv: &mvccpb.KeyValue{Key: []byte("/p/" + key), Value: val, ModRevision: rev}}
+		ev := etcdEvent{Kv: etcdKV{Key: []byte("/p/" + key), Value: val, ModRevision: rev}}
 		if del {
-			ev.Type = clientv3.EventTypeDelete
+			ev.Type = "DELETE"
 		}
 		if prev != nil {
-			ev.PrevKv = &mvccpb.KeyValue{Key: ev.Kv.Key, Value: prev, ModRevision: rev - 1}
+			ev.PrevKv = &etcdKV{Key: ev.Kv.Key, Value: prev, ModRevision: rev - 1}
 		}
 		s.event(ev)
 		for h, b := range s.routes {

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-
 	"github.com/ngstone/ngstone/internal/etcdtest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/registry"
@@ -19,7 +17,7 @@ import (
 // TestEtcd runs the Store contract against the etcd store: the same test
 // bodies as TestMemory.
 func TestEtcd(t *testing.T) {
-	cli := etcdtest.Client(t)
+	cli := etcdtest.Endpoints(t)
 	testStore(t, func(t *testing.T, l *liveness) registry.Store {
 		h := &etcdNodes{t: t, cli: cli, prefix: etcdtest.Prefix(t), l: l,
 			stores: map[string]*registry.Etcd{}, opened: map[sessionOn]bool{}}
@@ -34,7 +32,7 @@ func TestEtcd(t *testing.T) {
 // steers becomes those nodes' session keys.
 type etcdNodes struct {
 	t      *testing.T
-	cli    *clientv3.Client
+	cli    []string
 	prefix string
 	l      *liveness
 
@@ -109,9 +107,9 @@ func (h *etcdNodes) List(ctx context.Context) ([]registry.Binding, error) {
 	return h.node("").List(ctx)
 }
 
-func startNode(t *testing.T, cli *clientv3.Client, prefix, name string, hooks registry.Hooks) *registry.Etcd {
+func startNode(t *testing.T, cli []string, prefix, name string, hooks registry.Hooks) *registry.Etcd {
 	t.Helper()
-	s := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: prefix, Node: name,
+	s := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: name,
 		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -168,7 +166,7 @@ func openBind(t *testing.T, s *registry.Etcd, c registry.Claim) (registry.Result
 // watch, both route caches follow, and a live holder on A refuses another
 // instance on B until A closes its session.
 func TestEtcdAcrossNodes(t *testing.T) {
-	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	var ha hookLog
 	a := startNode(t, cli, prefix, "a", ha.hooks())
 	b := startNode(t, cli, prefix, "b", registry.Hooks{})
@@ -217,10 +215,10 @@ func TestEtcdAcrossNodes(t *testing.T) {
 // before etcd expires it, its binding disappears after the TTL so another
 // node may bind, and it registers again when etcd is back.
 func TestEtcdLeaseLost(t *testing.T) {
-	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	proxy := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
 	var ha hookLog
-	a := startNode(t, etcdtest.ClientAt(t, "http://"+proxy.Addr()), prefix, "a", ha.hooks())
+	a := startNode(t, []string{"http://" + proxy.Addr()}, prefix, "a", ha.hooks())
 	b := startNode(t, cli, prefix, "b", registry.Hooks{})
 	if _, err := openBind(t, a, claim(instA, 1)); err != nil {
 		t.Fatal(err)
@@ -260,7 +258,7 @@ func TestEtcdLeaseLost(t *testing.T) {
 // TestEtcdSixteenNodesRace: sixteen edges, each with another instance,
 // bind one hostname at once: exactly one owns it.
 func TestEtcdSixteenNodesRace(t *testing.T) {
-	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	const n = 16
 	nodes := make([]*registry.Etcd, n)
 	for i := range nodes {
@@ -307,9 +305,9 @@ func TestEtcdSixteenNodesRace(t *testing.T) {
 // TestEtcdNodeNameInUse: a second edge with a live edge's name is refused
 // with an error that names the setting.
 func TestEtcdNodeNameInUse(t *testing.T) {
-	cli, prefix := etcdtest.Client(t), etcdtest.Prefix(t)
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	startNode(t, cli, prefix, "a", registry.Hooks{})
-	dup := registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond})
+	dup := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	err := dup.Start(ctx, "a:7443", registry.Hooks{})
@@ -319,5 +317,39 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("error %q does not say which setting to change", err)
+	}
+}
+
+// TestEtcdAuth: against an etcd with auth enabled, the store binds with a
+// user's password, and a wrong password stops Start with etcd's reason.
+func TestEtcdAuth(t *testing.T) {
+	endpoints := etcdtest.StartSeparate(t)
+	admin := etcdtest.ClientAt(t, endpoints...)
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("enable auth: %v", err)
+		}
+	}
+	good := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Username: "root", Password: "rootpw", Node: "a", LeaseTTL: time.Second})
+	if err := good.Start(ctx, "a:7443", registry.Hooks{}); err != nil {
+		t.Fatalf("start with the right password: %v", err)
+	}
+	t.Cleanup(func() { good.Close() })
+	if _, err := openBind(t, good, claim(instA, 1)); err != nil {
+		t.Fatalf("bind with auth: %v", err)
+	}
+	bad := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Username: "root", Password: "wrong", Node: "b"})
+	err := bad.Start(ctx, "b:7443", registry.Hooks{})
+	if err == nil {
+		bad.Close()
+		t.Fatal("started with a wrong password")
+	}
+	if !strings.Contains(err.Error(), "authentication failed") {
+		t.Fatalf("wrong password: %v; want etcd's reason", err)
 	}
 }

@@ -1,15 +1,12 @@
 package main
 
 import (
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/spf13/cobra"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 
 	"github.com/ngstone/ngstone/config"
 	"github.com/ngstone/ngstone/edge"
@@ -40,11 +37,9 @@ Precedence: flags, environment, file, defaults.`,
 		}
 		log := newLogger(lc, os.Stderr)
 		cfg.Version, cfg.Commit = version, buildCommit()
-		closeCluster, err := joinCluster(&cfg, loader, log)
-		if err != nil {
+		if err := joinCluster(&cfg, loader, log); err != nil {
 			return withCode(exitUsage, err)
 		}
-		defer closeCluster()
 		e, err := edge.New(cfg, log)
 		if err != nil {
 			return withCode(exitUsage, err)
@@ -56,29 +51,24 @@ Precedence: flags, environment, file, defaults.`,
 	return cmd
 }
 
-// joinCluster fills cfg.Cluster from the --cluster-* settings, with an
-// etcd client that the returned function closes. Without --cluster-etcd it
-// does nothing.
-func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) (func(), error) {
+// joinCluster fills cfg.Cluster from the --cluster-* settings. Without
+// --cluster-etcd it does nothing.
+func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) error {
 	cl, err := loader.Cluster()
 	if err != nil || len(cl.Endpoints) == 0 {
-		return func() {}, err
+		return err
 	}
-	ec, err := cl.EtcdConfig()
+	tc, err := cl.EtcdTLS()
 	if err != nil {
-		return func() {}, err
-	}
-	ec.Logger = zap.NewNop()
-	cli, err := clientv3.New(ec)
-	if err != nil {
-		return func() {}, fmt.Errorf("cluster-etcd %v: %w", cl.Endpoints, err)
+		return err
 	}
 	cfg.Cluster = &edge.ClusterConfig{
-		Store: registry.NewEtcd(registry.EtcdConfig{Client: cli, Prefix: cl.Prefix, Node: cl.Node,
+		Store: registry.NewEtcd(registry.EtcdConfig{Endpoints: cl.Endpoints, TLS: tc,
+			Username: cl.Username, Password: cl.Password, Prefix: cl.Prefix, Node: cl.Node,
 			LeaseTTL: cl.LeaseTTL, Log: log}),
 		Addr: cl.Addr, Advertise: cl.Advertise, Key: cl.Key,
 	}
-	return func() { cli.Close() }, nil
+	return nil
 }
 
 // reloadOnHUP reloads file certificates on SIGHUP until the returned stop.

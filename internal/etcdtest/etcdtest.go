@@ -94,6 +94,11 @@ func start() {
 	if startErr != nil {
 		return
 	}
+	server, startErr = startServer(dir)
+}
+
+// startServer runs a single-member etcd with its data in dir.
+func startServer(dir string) (*embed.Etcd, error) {
 	cfg := embed.NewConfig()
 	cfg.Name = "test"
 	cfg.Dir = dir
@@ -102,25 +107,50 @@ func start() {
 	cfg.ElectionMs = 50
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	local := func() []url.URL { return []url.URL{{Scheme: "http", Host: "127.0.0.1:0"}} }
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = local(), local()
-	peer, err := freePeerURL()
+	// Named ports, not :0: the JSON gateway dials the client URL itself,
+	// and the peer URL must be named exactly in the initial cluster.
+	client, err := freeURL()
 	if err != nil {
-		startErr = err
-		return
+		return nil, err
+	}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = client, client
+	peer, err := freeURL()
+	if err != nil {
+		return nil, err
 	}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	server, startErr = embed.StartEtcd(cfg)
-	if startErr != nil {
-		return
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
 	}
 	select {
-	case <-server.Server.ReadyNotify():
+	case <-e.Server.ReadyNotify():
+		return e, nil
 	case <-time.After(30 * time.Second):
-		server.Close()
-		startErr = fmt.Errorf("not ready within 30s")
+		e.Close()
+		return nil, fmt.Errorf("not ready within 30s")
 	}
+}
+
+// StartSeparate runs an etcd of the test's own, for a test that changes
+// server-wide settings (auth), and stops it when the test ends. It returns
+// the client URLs.
+func StartSeparate(tb testing.TB) []string {
+	tb.Helper()
+	e, err := startServer(tb.TempDir())
+	if err != nil {
+		tb.Fatalf("embedded etcd: %v", err)
+	}
+	tb.Cleanup(func() {
+		e.Close()
+		<-e.Server.StopNotify()
+	})
+	var out []string
+	for _, l := range e.Clients {
+		out = append(out, "http://"+l.Addr().String())
+	}
+	return out
 }
 
 // Stop stops the server, if a test started it. A TestMain that cannot use
@@ -137,9 +167,8 @@ func Stop() {
 	}
 }
 
-// freePeerURL picks a free loopback port for the peer listener, which must
-// be named exactly in the initial cluster (port 0 cannot be).
-func freePeerURL() ([]url.URL, error) {
+// freeURL picks a free loopback port.
+func freeURL() ([]url.URL, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err

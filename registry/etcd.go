@@ -49,7 +49,8 @@ type EtcdConfig struct {
 }
 
 // Hooks tell the edge what the cluster did. Each may be nil. They are
-// called from the store's goroutines, one at a time, and must not block.
+// called from the store's watch and lease loops, one at a time: a slow hook
+// delays those loops, so hooks hand long work to goroutines of their own.
 type Hooks struct {
 	// TakenOver reports a binding of this node that another edge replaced
 	// or deleted: its session must be fenced and told.

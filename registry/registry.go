@@ -12,8 +12,10 @@
 // compare-and-delete: it removes a binding only while the releasing session
 // and generation still own it, so a late cleanup never removes a newer owner.
 //
-// The package does no networking. Liveness is asked of the caller (Memory's
-// LivenessFunc), so a cluster store can answer it with leases instead.
+// Memory is the store of an edge that runs alone; it asks the edge whether
+// a holder is live (LivenessFunc). Etcd is the store several edges share:
+// the rules are etcd transactions, and a holder is live while its session
+// key, on its edge's lease, exists.
 package registry
 
 import (

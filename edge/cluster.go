@@ -168,7 +168,6 @@ func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, erro
 	return &cluster{
 		store: cfg.Store, node: cfg.Store.Node(), serverTLS: server,
 		forward: &http.Transport{
-			Proxy:                 nil,
 			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:       client,
 			TLSHandshakeTimeout:   5 * time.Second,

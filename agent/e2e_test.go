@@ -142,26 +142,7 @@ func TestServerSentEventsStream(t *testing.T) {
 
 func TestUpgradeRoundTrip(t *testing.T) {
 	_, e, _ := setup(t, "ws")
-	conn, err := net.Dial("tcp", e.Addr("http").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: ws."+tunneltest.Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("status %d, want 101", resp.StatusCode)
-	}
-	io.WriteString(conn, "ping\n")
-	line, err := br.ReadString('\n')
-	if err != nil || line != "echo: ping\n" {
-		t.Fatalf("after upgrade: %q %v", line, err)
-	}
+	tunneltest.UpgradeRoundTrip(t, e.Addr("http").String(), "ws")
 }
 
 func TestForwardedHeadersFromEdge(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -415,20 +414,5 @@ func TestClusterStreams(t *testing.T) {
 	}
 	resp.Body.Close()
 
-	conn, err := net.Dial("tcp", b.Addr("http").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(10 * time.Second))
-	io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: live."+tunneltest.Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
-	br := bufio.NewReader(conn)
-	up, err := http.ReadResponse(br, nil)
-	if err != nil || up.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade through b: %v, %v", up, err)
-	}
-	io.WriteString(conn, "ping\n")
-	if line, err := br.ReadString('\n'); err != nil || line != "echo: ping\n" {
-		t.Fatalf("after the upgrade: %q %v", line, err)
-	}
+	tunneltest.UpgradeRoundTrip(t, b.Addr("http").String(), "live")
 }

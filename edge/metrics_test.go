@@ -173,23 +173,7 @@ func TestMetricsActiveStreams(t *testing.T) {
 func TestMetricsUpgradedBytes(t *testing.T) {
 	e, _, _ := startTunnel(t, "ws")
 	d, _ := delta(t, e, func() {
-		conn, err := net.Dial("tcp", e.Addr("http").String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		conn.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: ws."+tunneltest.Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
-		br := bufio.NewReader(conn)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != 101 {
-			t.Fatalf("upgrade: %v %v", resp, err)
-		}
-		io.WriteString(conn, "ping\n")
-		if line, err := br.ReadString('\n'); err != nil || line != "echo: ping\n" {
-			t.Fatalf("after upgrade: %q %v", line, err)
-		}
-		conn.Close()
+		tunneltest.UpgradeRoundTrip(t, e.Addr("http").String(), "ws")
 		// The request is counted when the proxy's handler returns.
 		tunneltest.Eventually(t, 5*time.Second, "the upgraded request counted", func() bool {
 			return scrape(t, e, "")[`ngstone_visitor_requests_total{class="1xx",error_code=""}`] == 1

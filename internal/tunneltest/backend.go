@@ -1,9 +1,11 @@
 package tunneltest
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -132,4 +134,27 @@ func upgrade(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	io.WriteString(conn, "echo: "+line)
+}
+
+// UpgradeRoundTrip sends an Upgrade request for NAME.Domain/upgrade to the
+// plain-HTTP listener at addr, checks the 101, and exchanges one line over
+// the upgraded connection with the backend's echo.
+func UpgradeRoundTrip(t testing.TB, addr, name string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(conn, "GET /upgrade HTTP/1.1\r\nHost: "+name+"."+Domain+"\r\nConnection: Upgrade\r\nUpgrade: ngstone-test\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade via %s: %v, %v; want 101", addr, resp, err)
+	}
+	io.WriteString(conn, "ping\n")
+	if line, err := br.ReadString('\n'); err != nil || line != "echo: ping\n" {
+		t.Fatalf("after the upgrade: %q %v", line, err)
+	}
 }

@@ -153,6 +153,11 @@ func TestClusterForwarding(t *testing.T) {
 	if fwd, retried := b.ClusterForwards(); fwd < 4 || retried != 0 {
 		t.Fatalf("b forwarded %d requests with %d retries; want at least 4 and none", fwd, retried)
 	}
+	m := scrape(t, b.Edge, "")
+	if m["ngstone_cluster_forwarded_total"] < 4 || m["ngstone_cluster_stale_routes_total"] != 0 || m["ngstone_cluster_lease_ok"] != 1 {
+		t.Fatalf("b's cluster metrics: forwarded %v, stale %v, lease %v",
+			m["ngstone_cluster_forwarded_total"], m["ngstone_cluster_stale_routes_total"], m["ngstone_cluster_lease_ok"])
+	}
 	// Unknown names stay 404 on every edge.
 	if code, _ := fetch(t, b, tunneltest.URL("http", "nobody", "/")); code != http.StatusNotFound {
 		t.Fatalf("unbound name via b = %d, want 404", code)
@@ -262,6 +267,9 @@ func TestClusterKilledEdge(t *testing.T) {
 	t.Logf("bound on b %v after a was cut off (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
 	if a.Sessions() != 0 {
 		t.Fatalf("a kept %d sessions after losing its lease", a.Sessions())
+	}
+	if v := scrape(t, a.Edge, "")["ngstone_cluster_lease_ok"]; v != 0 {
+		t.Fatalf("a's ngstone_cluster_lease_ok = %v without a lease", v)
 	}
 	if got := took.Status(); got.Hostname != "app."+tunneltest.Domain {
 		t.Fatalf("the new agent holds %q", got.Hostname)

@@ -109,6 +109,24 @@ func newMetrics(e *Edge) *metrics {
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
+	if c := e.cluster; c != nil {
+		m.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ngstone_cluster_forwarded_total",
+				Help: "Visitor requests forwarded to the edge holding their agent (retries included).",
+			}, func() float64 { return float64(c.forwarded.Load()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ngstone_cluster_stale_routes_total",
+				Help: "Forwarded requests the owner refused as a stale route (421), sent again after reading the registry.",
+			}, func() float64 { return float64(c.retried.Load()) }),
+			gaugeFunc("ngstone_cluster_lease_ok", "1 while this edge holds its cluster lease and accepts agents, else 0.", func() float64 {
+				if c.store.Ready() {
+					return 1
+				}
+				return 0
+			}),
+		)
+	}
 	for _, r := range []string{bindOK, bindTakeover, mux.CodeSubdomainTaken, mux.CodeInvalidName, mux.CodeReservedName, mux.CodeUnauthorized} {
 		m.binds.WithLabelValues(r) // present at zero, so rate() works from the start
 	}

@@ -176,6 +176,9 @@ func errString(err error) string {
 
 func (a *Agent) tlsConfig() (*tls.Config, error) {
 	host, _, _ := net.SplitHostPort(a.cfg.Edge)
+	if a.cfg.ServerName != "" {
+		host = a.cfg.ServerName
+	}
 	tc := &tls.Config{
 		ServerName:         host,
 		NextProtos:         []string{mux.ALPN},

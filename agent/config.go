@@ -30,6 +30,11 @@ type Config struct {
 	CAFile string
 	// RootCAs, when set, is trusted instead of CAFile (the embedded edge).
 	RootCAs *x509.CertPool `json:"-"`
+	// ServerName is the name the edge's certificate must match (and the
+	// TLS server name sent); empty means the host part of Edge. Set it when
+	// dialing the edge by address: --edge 203.0.113.7:4443 --server-name
+	// tunnels.example.com.
+	ServerName string
 	// Insecure skips verification of the edge's certificate.
 	Insecure bool
 	// UpstreamTimeout bounds the wait for the local service's response

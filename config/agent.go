@@ -18,6 +18,7 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("subdomain", "", "subdomain to bind (default: a random name chosen by the edge)")
 	fs.String("authtoken", "", "token presented to the edge")
 	fs.String("ca-file", "", "PEM file of the CA to trust for the edge (the edge's DATA_DIR/ca.pem in self-signed mode)")
+	fs.String("server-name", "", "name the edge's certificate must match, when --edge is an address (default: the host of --edge)")
 	fs.Bool("insecure", false, "do not verify the edge's certificate")
 	fs.Duration("upstream-timeout", d.UpstreamTimeout, "how long the local service may take to send response headers (504 upstream_timeout)")
 	fs.Duration("heartbeat-interval", d.HeartbeatInterval, "how often to heartbeat the edge")
@@ -48,6 +49,7 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	e.set(err)
 	cfg.Token = token
 	cfg.CAFile = l.string("ca-file")
+	cfg.ServerName = l.string("server-name")
 	cfg.Insecure = e.boolean(l, "insecure")
 	cfg.UpstreamTimeout = e.dur(l, "upstream-timeout")
 	cfg.HeartbeatInterval = e.dur(l, "heartbeat-interval")

@@ -65,15 +65,14 @@ func startEdge(t *testing.T, cfg edge.Config) *tunneltest.Edge {
 
 // bind runs an agent that binds name on e to a backend, and waits until it
 // is online.
-func bind(t *testing.T, e *tunneltest.Edge, name string) {
+func bind(t *testing.T, e *tunneltest.Edge, roots *x509.CertPool, name string) {
 	t.Helper()
 	b := tunneltest.StartBackend(t)
 	cfg := e.AgentConfig("", b.Addr())
 	cfg.Subdomain = name
-	// The agent dials the control listener by IP address, so it sends no
-	// SNI; the edge answers with its DOMAIN certificate, which cannot match
-	// 127.0.0.1. What this test checks is the visitor's side.
-	cfg.Insecure = true
+	// The agent dials the control listener by IP address and checks the
+	// edge's DOMAIN certificate, from pebble, by name.
+	cfg.RootCAs, cfg.ServerName = roots, domain
 	// In autocert mode that DOMAIN certificate is issued during the
 	// agent's first handshake.
 	cfg.DialTimeout = 15 * time.Second
@@ -148,7 +147,7 @@ func TestEdgeWildcardDNS01(t *testing.T) {
 	d := acmetest.StartDNS(t, domain)
 	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr})
 	e := startEdge(t, withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d))
-	bind(t, e, "app")
+	bind(t, e, ca.Roots, "app")
 
 	v := wantTunnel(t, e, ca.Roots, "app."+domain, "*."+domain)
 	if v.proto != "HTTP/2.0" {
@@ -172,11 +171,11 @@ func TestEdgeOnDemand(t *testing.T) {
 	cfg := withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d)
 	cfg.TLS.OnDemand = true
 	e := startEdge(t, cfg)
-	bind(t, e, "app")
+	bind(t, e, ca.Roots, "app")
 
 	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)
 	wantRefused(t, e, ca.Roots, "late."+domain)
-	bind(t, e, "late")
+	bind(t, e, ca.Roots, "late")
 	wantTunnel(t, e, ca.Roots, "late."+domain, "late."+domain)
 }
 
@@ -192,7 +191,7 @@ func TestEdgeAutocert(t *testing.T) {
 	e := startEdge(t, acmeEdgeConfig(t, certs.ModeAutocert, ca, d))
 	httpRelay.SetTarget(e.Addr("http").String())
 	tlsRelay.SetTarget(e.Addr("https").String())
-	bind(t, e, "app")
+	bind(t, e, ca.Roots, "app")
 
 	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)
 	wantRefused(t, e, ca.Roots, "unbound."+domain)

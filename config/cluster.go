@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+
+	"github.com/ngstone/ngstone/registry"
 )
 
 // Cluster is an edge's cluster settings (`ngstone edge --cluster-etcd`).
@@ -40,7 +42,7 @@ func clusterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster-etcd-key", "", "client private key PEM file for etcd (mutual TLS)")
 	fs.String("cluster-etcd-username", "", "etcd user, when etcd has auth enabled")
 	fs.String("cluster-etcd-password", "", "etcd password (NGSTONE_CLUSTER_ETCD_PASSWORD_FILE reads it from a file)")
-	fs.String("cluster-prefix", "/ngstone/v1/", "etcd key prefix of this cluster")
+	fs.String("cluster-prefix", registry.DefaultEtcdPrefix, "etcd key prefix of this cluster")
 	fs.String("node-name", host, "this edge's name in the cluster, unique among its edges")
 	fs.String("cluster-addr", ":7443", "listener for visitor requests forwarded by other edges (mutual TLS from --cluster-key)")
 	fs.String("cluster-advertise", "", "address other edges reach --cluster-addr at (default: its bound address, with --node-name as host when it binds all interfaces)")

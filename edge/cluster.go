@@ -218,15 +218,6 @@ func (e *Edge) clusterLost(err error) {
 	wg.Wait()
 }
 
-// ClusterForwards reports how many visitor requests this edge forwarded to
-// other edges, and how many of those it sent again after a stale route.
-func (e *Edge) ClusterForwards() (forwarded, retried int64) {
-	if e.cluster == nil {
-		return 0, 0
-	}
-	return e.cluster.forwarded.Load(), e.cluster.retried.Load()
-}
-
 // lookup finds hostname's binding: from the route cache in a cluster, from
 // the store alone.
 func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool) {

@@ -150,9 +150,6 @@ func TestClusterForwarding(t *testing.T) {
 	if seen.Host != "app."+tunneltest.Domain {
 		t.Fatalf("the local service saw Host %q", seen.Host)
 	}
-	if fwd, retried := b.ClusterForwards(); fwd < 4 || retried != 0 {
-		t.Fatalf("b forwarded %d requests with %d retries; want at least 4 and none", fwd, retried)
-	}
 	m := scrape(t, b.Edge, "")
 	if m["ngstone_cluster_forwarded_total"] < 4 || m["ngstone_cluster_stale_routes_total"] != 0 || m["ngstone_cluster_lease_ok"] != 1 {
 		t.Fatalf("b's cluster metrics: forwarded %v, stale %v, lease %v",
@@ -335,8 +332,8 @@ func TestClusterStaleRoute(t *testing.T) {
 	if resp.StatusCode != 200 || string(got) != payload {
 		t.Fatalf("visitor on b: %d, %d bytes back (%s)", resp.StatusCode, len(got), resp.Header.Get("Ngstone-Error"))
 	}
-	if _, retried := b.ClusterForwards(); retried != 1 {
-		t.Fatalf("b retried %d times, want exactly 1", retried)
+	if retried := scrape(t, b.Edge, "")["ngstone_cluster_stale_routes_total"]; retried != 1 {
+		t.Fatalf("b retried %v times, want exactly 1", retried)
 	}
 	if r, _ := b.store.Lookup(host); r.Node != "c" || r.Generation != after.Generation {
 		t.Fatalf("b's route after the retry: %+v", r)

@@ -384,6 +384,7 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 func (s *Etcd) tryBind(ctx context.Context, c Claim, lease int64, key string, old Binding, held bool, oldRev int64) (Result, bool, error) {
 	cmps := []etcdCmp{modIs(key, oldRev)}
 	var outcome Outcome
+	var reread []etcdOp // what a failed transaction reads back
 	switch {
 	case !held:
 		outcome, cmps = Created, []etcdCmp{absent(key)}
@@ -396,6 +397,8 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease int64, key string, ol
 	default:
 		outcome = DeadHolder
 		cmps = append(cmps, absent(s.sessionKey(old.Node, old.SessionID)))
+		// Failing, it tells a live holder (rule 3) from a changed key.
+		reread = []etcdOp{{Range: &etcdRangeReq{Key: []byte(key), KeysOnly: true}}}
 	}
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
 		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0)}
@@ -403,7 +406,7 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease int64, key string, ol
 	tr, err := s.cli.txn(ctx, etcdTxnReq{
 		Compare: cmps,
 		Success: []etcdOp{{Put: &etcdPutReq{Key: []byte(key), Value: val, Lease: lease}}},
-		Failure: []etcdOp{{Range: &etcdRangeReq{Key: []byte(key), KeysOnly: true}}},
+		Failure: reread,
 	})
 	if err != nil {
 		return Result{}, true, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)

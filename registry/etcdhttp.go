@@ -53,7 +53,6 @@ func newEtcdClient(endpoints []string, tc *tls.Config, user, password string) *e
 		TLSHandshakeTimeout: 5 * time.Second,
 		MaxIdleConnsPerHost: 16,
 		IdleConnTimeout:     90 * time.Second,
-		ForceAttemptHTTP2:   false,
 	}
 	return &etcdClient{
 		endpoints: endpoints, user: user, password: password,

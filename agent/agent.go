@@ -18,7 +18,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -45,11 +44,10 @@ func (e *RefusedError) Error() string { return e.Code + ": " + e.Message }
 
 // Agent is one `ngstone http` process's tunnel.
 type Agent struct {
-	cfg      Config
-	log      *slog.Logger
-	local    *url.URL
-	upstream idleCloser
-	handler  http.Handler
+	cfg   Config
+	log   *slog.Logger
+	local *url.URL
+	pool  *localPool
 
 	mu        sync.Mutex
 	status    Status
@@ -75,7 +73,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
-	a.upstream, a.handler = a.newUpstream()
+	a.pool = a.newPool()
 	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
 	return a, nil
 }
@@ -115,7 +113,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer a.upstream.CloseIdleConnections()
+	defer a.pool.CloseIdleConnections()
 	defer a.wg.Wait()
 	bo := backoff{base: a.cfg.BackoffBase, cap: a.cfg.BackoffCap}
 	for attempt := 0; ; attempt++ {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,12 +23,11 @@ var (
 )
 
 // conn is one live session: the yamux session, its control stream and the
-// HTTP server answering the edge's streams.
+// exchanges on the edge's streams.
 type conn struct {
 	a        *Agent
 	ys       *yamux.Session
 	ctrl     net.Conn
-	srv      *http.Server
 	id       uint64
 	hostname string
 
@@ -175,11 +173,10 @@ func (c *conn) bind(takeover bool) error {
 func (c *conn) run(ctx context.Context) error {
 	a := c.a
 	c.lastAck.Store(time.Now().UnixNano())
-	c.srv = a.newServer(c)
 	a.wg.Add(2)
 	go func() {
 		defer a.wg.Done()
-		c.srv.Serve(streamListener{c.ys})
+		c.serveStreams()
 	}()
 	go func() {
 		defer a.wg.Done()
@@ -297,33 +294,26 @@ func (a *Agent) abandon(c *conn) {
 }
 
 // drain waits until the session's exchanges are done or DrainTimeout has
-// passed, then closes the session. The HTTP server keeps accepting until
+// passed, then closes the session. The session keeps accepting streams until
 // then, so a request the edge routes here before it learns of a takeover is
 // still answered.
 func (c *conn) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.a.cfg.DrainTimeout)
 	defer cancel()
 	c.streams.Wait(ctx, c.ys.CloseChan())
-	// Close the session first: it ends Accept, which Server.Close waits for.
-	c.ys.Close()
-	c.srv.Close()
+	c.ys.Close() // ends serveStreams, and every exchange still running
 }
 
-// connState counts exchanges: a stream is one exchange, from accept to close.
-// A hijacked stream (an upgrade) is no longer drained.
-func (c *conn) connState(_ net.Conn, st http.ConnState) {
-	switch st {
-	case http.StateNew:
+// serveStreams relays each stream the edge opens, one exchange each, until
+// the session closes. An exchange holds up the drain from accept to its
+// end; an upgraded one no longer does.
+func (c *conn) serveStreams() {
+	for {
+		st, err := c.ys.AcceptStream()
+		if err != nil {
+			return
+		}
 		c.streams.Add()
-	case http.StateClosed, http.StateHijacked:
-		c.streams.Done()
+		go c.a.serveStream(st, c.streams.Done)
 	}
 }
-
-// streamListener hands the edge's streams to an http.Server. Its Close does
-// not close the session; closing the session after the drain ends Accept.
-type streamListener struct{ ys *yamux.Session }
-
-func (l streamListener) Accept() (net.Conn, error) { return l.ys.Accept() }
-func (l streamListener) Close() error              { return nil }
-func (l streamListener) Addr() net.Addr            { return l.ys.Addr() }

@@ -1,7 +1,9 @@
 package mux
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 )
 
@@ -70,3 +72,33 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	w.WriteHeader(e.status)
 	fmt.Fprintf(w, e.text+" (%s)\n", host, code)
 }
+
+// AppendVisitorError appends to b the whole HTTP/1.1 response that
+// WriteVisitorError makes, for a writer without an http.ResponseWriter.
+func AppendVisitorError(b []byte, code, host string) []byte {
+	var w responseBuffer
+	w.header = http.Header{}
+	WriteVisitorError(&w, code, host)
+	resp := http.Response{
+		StatusCode:    w.status,
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        w.header,
+		ContentLength: int64(w.body.Len()),
+		Body:          io.NopCloser(&w.body),
+	}
+	var out bytes.Buffer
+	resp.Write(&out)
+	return append(b, out.Bytes()...)
+}
+
+// responseBuffer records one response.
+type responseBuffer struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (w *responseBuffer) Header() http.Header         { return w.header }
+func (w *responseBuffer) WriteHeader(status int)      { w.status = status }
+func (w *responseBuffer) Write(p []byte) (int, error) { return w.body.Write(p) }

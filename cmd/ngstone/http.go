@@ -60,7 +60,13 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 		if err != nil {
 			return withCode(exitError, err)
 		}
-		defer e.Close()
+		defer func() {
+			// The agent has drained its exchanges; let the edge finish
+			// writing their responses to visitors before it stops.
+			sctx, cancel := context.WithTimeout(context.Background(), embeddedShutdown)
+			defer cancel()
+			e.Shutdown(sctx)
+		}()
 		cfg.Edge = e.Addr("control").String()
 		cfg.CAFile = e.CAFile()
 		fmt.Fprintf(os.Stderr, "Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)\n", e.CAFile(), e.CAFile())
@@ -83,6 +89,10 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 	}
 	return withCode(exitError, err)
 }
+
+// embeddedShutdown bounds the embedded edge's graceful stop after the agent
+// returns.
+const embeddedShutdown = 5 * time.Second
 
 // Embedded edge addresses: fixed ports so the URL stays the same across
 // runs, or any free port when they are taken.

@@ -1,0 +1,609 @@
+package agent
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// The agent relays each of the edge's streams, one HTTP/1.1 exchange, to a
+// pooled keep-alive connection to the local service. The edge has already
+// parsed and rewritten the visitor's request (the agent sends its head on
+// unchanged, so Host and X-Forwarded-* arrive as the edge set them), and the
+// edge parses the response again before a visitor sees it; in between the
+// agent reads only what frames each body, so that it knows where the
+// exchange ends and the local connection can serve the next one. It runs
+// no HTTP server and no reverse proxy: one goroutine per exchange, plus
+// one while a request body streams in, and none for the response.
+
+const (
+	// maxRequestHead bounds a request head from the edge (the edge's
+	// visitors are held to 64 KiB).
+	maxRequestHead = 1 << 20
+	// maxHeaderBytes bounds a response head of the local service, 1xx
+	// responses included, as http.Transport does.
+	maxHeaderBytes = 10 << 20
+	// max1xx bounds the informational responses before the final one.
+	max1xx = 16
+	// maxWriteWait bounds the wait for a request body still being
+	// written when its response has ended (http.Transport's figure).
+	maxWriteWait = 50 * time.Millisecond
+	// watchAfter is how long an exchange without a request body runs
+	// before a goroutine starts watching its stream, so that the local
+	// request is cut short when the edge gives the exchange up (the
+	// visitor left, a timeout). Most exchanges end sooner and need none.
+	watchAfter = 100 * time.Millisecond
+)
+
+var (
+	errTooMany1xx       = errors.New("agent: too many informational responses from the local service")
+	errUnwantedUpgrade  = errors.New("agent: the local service switched protocols unasked")
+	errExtraAfterHead   = errors.New("agent: the local service sent bytes past its response")
+	errExchangeAbandond = errors.New("agent: the edge gave the exchange up")
+)
+
+// streamReaders read request heads and bodies from the edge's streams.
+var streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
+// headBufs hold request heads.
+var headBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+// relay is one exchange.
+type relay struct {
+	a    *Agent
+	st   net.Conn      // the edge's stream
+	br   *bufio.Reader // reads st
+	done func()        // the exchange no longer holds up a drain
+
+	mu    sync.Mutex
+	state relayState
+	lc    *localConn // the current local connection
+
+	body    chan struct{} // closed when the request body is copied; nil: none in flight
+	bodyErr error
+}
+
+type relayState uint8
+
+const (
+	relayRunning relayState = iota
+	relayEnded              // the exchange is over; lc is the relay's to pool or close
+	relayAborted            // lc and st are closed
+)
+
+// serveStream runs one exchange on st, calling done when it no longer
+// holds up a drain (at its end, or when it turns into an upgraded
+// connection).
+func (a *Agent) serveStream(st net.Conn, done func()) {
+	x := &relay{a: a, st: st, done: done}
+	x.br = streamReaders.Get().(*bufio.Reader)
+	x.br.Reset(st)
+	hb := headBufs.Get().(*[]byte)
+	defer func() {
+		if x.done != nil {
+			x.done()
+		}
+		if x.body == nil {
+			// Nothing else reads br: it goes back to its pool.
+			x.br.Reset(nil)
+			streamReaders.Put(x.br)
+		}
+		if cap(*hb) <= 64<<10 {
+			headBufs.Put(hb)
+		}
+	}()
+	st.SetReadDeadline(time.Now().Add(a.cfg.DialTimeout))
+	raw, err := readHead(x.br, (*hb)[:0], maxRequestHead)
+	*hb = raw
+	st.SetReadDeadline(time.Time{})
+	var req head
+	if err == nil {
+		req, err = parseRequest(raw)
+	}
+	if err != nil {
+		if err != io.EOF {
+			a.log.Debug("bad request from the edge", "err", err)
+		}
+		st.Close()
+		return
+	}
+	x.exchange(&req)
+}
+
+// exchange sends req to the local service and its response back.
+func (x *relay) exchange(req *head) {
+	out := outBuf{w: x.st, buf: getBuf()}
+	defer func() { putBuf(out.buf) }()
+	var watch *time.Timer
+	defer func() {
+		if watch != nil {
+			watch.Stop()
+		}
+	}()
+	for retry := true; ; retry = false {
+		lc, reused, err := x.a.pool.conn()
+		if err == nil && !x.setConn(lc) {
+			lc.Close()
+			return // the edge gave up while this connection was made
+		}
+		if err == nil {
+			err = x.send(lc, req)
+		}
+		if err == nil && watch == nil && x.body == nil && !req.upgrade {
+			watch = time.AfterFunc(watchAfter, x.watch)
+		}
+		var resp head
+		if err == nil {
+			resp, err = x.receive(lc, req, &out)
+		}
+		if err == nil {
+			x.finish(lc, req, &resp, &out)
+			return
+		}
+		// A pooled connection the local service closed just before the
+		// request: send a request without a body once more, on a new
+		// connection, as http.Transport does.
+		if reused && retry && lc.nread == 0 && !out.final && req.replay && closedByPeer(err) && x.running() {
+			lc.Close()
+			continue
+		}
+		x.failed(req, &out, err)
+		return
+	}
+}
+
+// setConn makes lc the exchange's local connection, unless it was given up.
+func (x *relay) setConn(lc *localConn) bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.lc = lc
+	return x.state == relayRunning
+}
+
+func (x *relay) running() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.state == relayRunning
+}
+
+// abort ends a running exchange at once: both connections are closed, so
+// every read and write of it returns.
+func (x *relay) abort() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.state != relayRunning {
+		return
+	}
+	x.state = relayAborted
+	if x.lc != nil {
+		x.lc.Close()
+	}
+	x.st.Close()
+}
+
+// end marks a running exchange over; false if it was aborted.
+func (x *relay) end() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.state != relayRunning {
+		return false
+	}
+	x.state = relayEnded
+	return true
+}
+
+// watch waits for the edge to end the stream or break it, and aborts the
+// exchange if that happens before it ended. The edge sends nothing after
+// the request, so any read that returns says so.
+func (x *relay) watch() {
+	var b [1]byte
+	x.st.Read(b[:])
+	x.abort()
+}
+
+// send writes the request head to lc, with as much of the body as has
+// arrived; the rest of the body streams on a goroutine while the response
+// is read, as the local service may answer before it has read it all.
+func (x *relay) send(lc *localConn, req *head) error {
+	lc.nread = 0
+	if !req.chunked && req.length <= 0 {
+		_, err := lc.Conn.Write(req.raw)
+		return err
+	}
+	if !req.chunked && int64(x.br.Buffered()) >= req.length {
+		body, _ := x.br.Peek(int(req.length))
+		msg := append(req.raw, body...)
+		req.raw = msg[:len(req.raw)]
+		x.br.Discard(len(body))
+		_, err := lc.Conn.Write(msg)
+		return err
+	}
+	if _, err := lc.Conn.Write(req.raw); err != nil {
+		return err
+	}
+	x.body = make(chan struct{})
+	go x.sendBody(lc, req)
+	return nil
+}
+
+// sendBody copies the request body from the stream to lc, then watches
+// the stream as watch does.
+func (x *relay) sendBody(lc *localConn, req *head) {
+	o := outBuf{w: lc.Conn, buf: getBuf()}
+	var err error
+	if req.chunked {
+		err = o.copyChunked(x.br)
+	} else {
+		err = o.copyN(x.br, req.length)
+	}
+	if err == nil {
+		err = o.flush()
+	}
+	putBuf(o.buf)
+	x.bodyErr = err
+	close(x.body)
+	if req.upgrade {
+		return // the upgraded copy reads the stream next
+	}
+	if err != nil {
+		// The exchange cannot end well: the edge's side broke, or the
+		// local service stopped reading (it may have answered early,
+		// as the response read sees).
+		if !errors.Is(err, errWrite) {
+			x.abort()
+			return
+		}
+		lc.Close()
+	}
+	x.watch()
+}
+
+// receive reads the local service's response and writes it to the
+// stream: informational responses at once, then the final head and body.
+func (x *relay) receive(lc *localConn, req *head, out *outBuf) (head, error) {
+	timeout := x.a.cfg.UpstreamTimeout
+	if timeout > 0 {
+		lc.SetReadDeadline(time.Now().Add(timeout))
+	}
+	var resp head
+	var start int
+	for n := 0; ; n++ {
+		if n > max1xx {
+			return resp, errTooMany1xx
+		}
+		start = len(out.buf)
+		buf, err := readHead(lc.br, out.buf, maxHeaderBytes)
+		out.buf = buf
+		if err == nil {
+			resp, err = parseResponse(buf[start:])
+		}
+		if err != nil {
+			out.buf = out.buf[:start]
+			return resp, err
+		}
+		if resp.status >= 200 || resp.status == 101 {
+			break
+		}
+		// 1xx: passed on at once (100 Continue lets the visitor send
+		// its body).
+		if err := out.flush(); err != nil {
+			return resp, errors.Join(errExchangeAbandond, err)
+		}
+	}
+	if timeout > 0 {
+		lc.SetReadDeadline(time.Time{})
+	}
+	if resp.status == 101 {
+		if !req.upgrade {
+			out.buf = out.buf[:start]
+			return resp, errUnwantedUpgrade
+		}
+		out.final = true
+		return resp, out.flush()
+	}
+	out.final = true
+	var err error
+	switch {
+	case resp.bodyless(req):
+	case resp.chunked:
+		err = out.copyChunked(lc.br)
+	case resp.length >= 0:
+		err = out.copyN(lc.br, resp.length)
+	default:
+		// No length: the body runs to the end of the connection.
+		resp.close = true
+		err = out.copyEOF(lc.br)
+	}
+	if err == nil {
+		err = out.flush()
+	}
+	return resp, err
+}
+
+// finish ends a successful exchange: the stream is closed and lc pooled
+// if both sides left it clean.
+func (x *relay) finish(lc *localConn, req, resp *head, out *outBuf) {
+	if resp.status == 101 {
+		x.upgraded(lc)
+		return
+	}
+	keep := !resp.close && !req.close
+	if x.body != nil {
+		t := time.NewTimer(maxWriteWait)
+		select {
+		case <-x.body:
+			keep = keep && x.bodyErr == nil
+		case <-t.C:
+			keep = false
+		}
+		t.Stop()
+		select {
+		case <-x.body:
+			x.body = nil // br is free again
+		default:
+		}
+	}
+	if !x.end() {
+		return // aborted meanwhile: lc is closed
+	}
+	x.st.Close()
+	if keep {
+		x.a.pool.put(lc)
+	} else {
+		lc.Close()
+	}
+}
+
+// upgraded copies both ways after a 101 until either side ends, then
+// closes both. The exchange no longer holds up a drain.
+func (x *relay) upgraded(lc *localConn) {
+	if x.body != nil {
+		<-x.body
+	}
+	x.done()
+	x.done = nil
+	x.end()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		copyConn(lc.Conn, x.br)
+		lc.Close()
+		x.st.Close()
+	}()
+	copyConn(x.st, lc.br)
+	lc.Close()
+	x.st.Close()
+	wg.Wait()
+	x.body = nil
+}
+
+// failed answers the visitor with an error code if no final response went
+// out yet, and otherwise cuts the exchange short.
+func (x *relay) failed(req *head, out *outBuf, err error) {
+	if out.final || !x.running() {
+		x.abort()
+		return
+	}
+	code := upstreamCode(err)
+	x.a.log.Debug("local service request failed", "code", code, "local", x.a.local.String(), "err", err)
+	out.buf = mux.AppendVisitorError(out.buf[:0], code, string(req.host()))
+	out.flush()
+	if x.end() {
+		x.mu.Lock()
+		if x.lc != nil {
+			x.lc.Close()
+		}
+		x.mu.Unlock()
+		x.st.Close()
+	}
+}
+
+// upstreamCode maps a failed exchange with the local service to a visitor
+// error code.
+func upstreamCode(err error) string {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() && !isDial(err) {
+		return mux.CodeUpstreamTimeout
+	}
+	return mux.CodeUpstreamUnreachable
+}
+
+func isDial(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// host returns a request head's Host field, for error messages.
+func (h *head) host() []byte {
+	var v []byte
+	_, rest, _ := firstLine(h.raw)
+	eachHeader(rest, func(name, value []byte) error {
+		if asciiEqualFold(name, "Host") {
+			v = value
+		}
+		return nil
+	})
+	return v
+}
+
+// copyConn copies src to dst until either fails, through a pooled buffer.
+func copyConn(dst io.Writer, src io.Reader) {
+	buf := mux.BufferPool{}.Get()
+	io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, buf)
+	mux.BufferPool{}.Put(buf)
+}
+
+func getBuf() []byte { return mux.BufferPool{}.Get()[:0] }
+
+func putBuf(b []byte) {
+	if cap(b) == 32<<10 {
+		mux.BufferPool{}.Put(b[:cap(b)])
+	}
+}
+
+// errWrite marks a failed write of an outBuf (the reads are the other
+// side's).
+var errWrite = errors.New("agent: write failed")
+
+// outBuf gathers what goes to one side so that a head and a small body
+// leave in one write; it is flushed before any read that would wait, so
+// nothing sits in it while the other side is silent (server-sent events).
+type outBuf struct {
+	w     io.Writer
+	buf   []byte
+	final bool // a final response head is in buf or was written
+}
+
+func (o *outBuf) flush() error {
+	if len(o.buf) == 0 {
+		return nil
+	}
+	_, err := o.w.Write(o.buf)
+	o.buf = o.buf[:0]
+	if err != nil {
+		return errors.Join(errWrite, err)
+	}
+	return nil
+}
+
+func (o *outBuf) write(p []byte) error {
+	for len(p) > 0 {
+		if len(o.buf) == cap(o.buf) {
+			if err := o.flush(); err != nil {
+				return err
+			}
+		}
+		n := copy(o.buf[len(o.buf):cap(o.buf)], p)
+		o.buf = o.buf[:len(o.buf)+n]
+		p = p[n:]
+	}
+	return nil
+}
+
+// readSome reads once from src into the free part of buf (at most n
+// bytes), flushing first if the read would wait.
+func (o *outBuf) readSome(src *bufio.Reader, n int64) (int, error) {
+	if src.Buffered() == 0 || len(o.buf) == cap(o.buf) {
+		if err := o.flush(); err != nil {
+			return 0, err
+		}
+	}
+	room := o.buf[len(o.buf):cap(o.buf)]
+	if int64(len(room)) > n {
+		room = room[:n]
+	}
+	m, err := src.Read(room)
+	o.buf = o.buf[:len(o.buf)+m]
+	return m, err
+}
+
+// copyN copies exactly n bytes from src.
+func (o *outBuf) copyN(src *bufio.Reader, n int64) error {
+	for n > 0 {
+		m, err := o.readSome(src, n)
+		n -= int64(m)
+		if err != nil && n > 0 {
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// copyEOF copies src to its end.
+func (o *outBuf) copyEOF(src *bufio.Reader) error {
+	for {
+		_, err := o.readSome(src, 1<<62)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// maxChunkLine bounds a chunk-size line and each trailer line.
+const maxChunkLine = 4 << 10
+
+// copyChunked copies a chunked body, chunk framing and trailers included,
+// from src to its last chunk's final blank line.
+func (o *outBuf) copyChunked(src *bufio.Reader) error {
+	for {
+		line, err := o.line(src)
+		if err != nil {
+			return err
+		}
+		size, err := chunkSize(line)
+		if err != nil {
+			return err
+		}
+		if err := o.write(line); err != nil {
+			return err
+		}
+		if size == 0 {
+			return o.trailers(src)
+		}
+		if err := o.copyN(src, size); err != nil {
+			return err
+		}
+		if line, err = o.line(src); err != nil {
+			return err
+		}
+		if !bytes.Equal(line, []byte("\r\n")) {
+			return errBadChunk
+		}
+		if err := o.write(line); err != nil {
+			return err
+		}
+	}
+}
+
+// trailers copies the trailer section through its blank line.
+func (o *outBuf) trailers(src *bufio.Reader) error {
+	for total := 0; ; {
+		line, err := o.line(src)
+		if err != nil {
+			return err
+		}
+		if total += len(line); total > maxHeaderBytes {
+			return errHeadTooLarge
+		}
+		if err := o.write(line); err != nil {
+			return err
+		}
+		if len(line) <= 2 && (len(line) == 1 || line[0] == '\r') {
+			return nil
+		}
+	}
+}
+
+// line reads one line (at most maxChunkLine bytes) from src, flushing
+// first if it has not arrived whole. The slice is valid until the next
+// read of src.
+func (o *outBuf) line(src *bufio.Reader) ([]byte, error) {
+	if b, _ := src.Peek(src.Buffered()); bytes.IndexByte(b, '\n') < 0 {
+		if err := o.flush(); err != nil {
+			return nil, err
+		}
+	}
+	line, err := src.ReadSlice('\n')
+	switch {
+	case err == bufio.ErrBufferFull:
+		return nil, errBadChunk // longer than maxChunkLine (src's buffer is 4 KiB)
+	case err == io.EOF:
+		return nil, io.ErrUnexpectedEOF
+	case err != nil:
+		return nil, err
+	}
+	return line, nil
+}

@@ -324,3 +324,100 @@ func TestTunnelOffline(t *testing.T) {
 		t.Logf("agent ended with %v", err)
 	}
 }
+
+// TestMessageFramingEndToEnd: what the edge and agent do to a message on
+// its way, beyond its bytes: trailers both ways, hop-by-hop fields dropped
+// from the response, HEAD, and a response cut short, which the visitor must
+// see broken rather than short.
+func TestMessageFramingEndToEnd(t *testing.T) {
+	local := http.NewServeMux()
+	local.HandleFunc("/trailers", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Trailer", "X-Sum")
+		io.WriteString(w, string(b))
+		w.Header().Set("X-Sum", "req="+r.Trailer.Get("X-Req-Sum"))
+	})
+	local.HandleFunc("/hop", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "X-Secret")
+		w.Header().Set("X-Secret", "hop only")
+		w.Header().Set("Keep-Alive", "timeout=5")
+		w.Header().Set("X-Kept", "yes")
+		io.WriteString(w, "ok")
+	})
+	local.HandleFunc("/head", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "5")
+		if r.Method != "HEAD" {
+			io.WriteString(w, "hello")
+		}
+	})
+	local.HandleFunc("/cut", func(w http.ResponseWriter, r *http.Request) {
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if r.URL.Query().Has("chunked") {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+		} else {
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+		}
+		c.Close()
+	})
+	srv := &http.Server{Handler: local}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", ln.Addr().String())
+	cfg.Subdomain = "frame"
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	c := e.Client()
+
+	for _, scheme := range []string{"http", "https"} {
+		t.Run(scheme, func(t *testing.T) {
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", tunneltest.URL(scheme, "frame", "/trailers"), pr)
+			req.Trailer = http.Header{"X-Req-Sum": nil}
+			go func() {
+				io.WriteString(pw, "chunked body")
+				req.Trailer.Set("X-Req-Sum", "42")
+				pw.Close()
+			}()
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(body) != "chunked body" || resp.Trailer.Get("X-Sum") != "req=42" {
+				t.Errorf("trailers: %q %v, trailer %v", body, err, resp.Trailer)
+			}
+
+			resp, body2 := get(t, c, tunneltest.URL(scheme, "frame", "/hop"))
+			if body2 != "ok" || resp.Header.Get("X-Kept") != "yes" || resp.Header.Get("X-Secret") != "" || resp.Header.Get("Keep-Alive") != "" {
+				t.Errorf("hop-by-hop: %q %v", body2, resp.Header)
+			}
+
+			resp, err = c.Head(tunneltest.URL(scheme, "frame", "/head"))
+			if err != nil || resp.StatusCode != 200 || resp.ContentLength != 5 {
+				t.Errorf("HEAD: %v %v", resp, err)
+			} else {
+				resp.Body.Close()
+			}
+
+			for _, path := range []string{"/cut", "/cut?chunked"} {
+				resp, err = c.Get(tunneltest.URL(scheme, "frame", path))
+				if err == nil {
+					body, err = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+				if err == nil {
+					t.Errorf("%s: a response cut short reached the visitor whole: %q", path, body)
+				}
+			}
+		})
+	}
+}

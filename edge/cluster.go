@@ -367,12 +367,17 @@ func (e *Edge) clusterHandler() http.Handler {
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
 		http.NewResponseController(w).EnableFullDuplex()
-		ctx := context.WithValue(r.Context(), routeKey{}, route{s: s, hostname: host, generation: gen})
+		rt := route{s: s, hostname: host, generation: gen}
+		if !namedIn(r.Header["Connection"], "upgrade") {
+			e.serveDirect(w, r, rt, true)
+			return
+		}
+		ctx := context.WithValue(r.Context(), routeKey{}, rt)
 		e.clusterProxy.ServeHTTP(w, r.WithContext(ctx))
 	})
 }
 
-// newClusterProxy is the owner's proxy for forwarded requests: it keeps the
+// newClusterProxy is the owner's proxy for forwarded upgrades: it keeps the
 // X-Forwarded headers the first edge set, which it trusts (mutual TLS).
 func (e *Edge) newClusterProxy() http.Handler {
 	return &httputil.ReverseProxy{

@@ -72,6 +72,10 @@ func (e *Edge) visitorHandler() http.Handler {
 		// Let bodies stream both ways at once, as the local service may
 		// answer while the visitor is still uploading.
 		http.NewResponseController(w).EnableFullDuplex()
+		if rt.s != nil && !namedIn(r.Header["Connection"], "upgrade") {
+			e.serveDirect(w, r, rt, false)
+			return
+		}
 		ctx := context.WithValue(r.Context(), routeKey{}, rt)
 		e.proxy.ServeHTTP(w, r.WithContext(ctx))
 	})
@@ -98,24 +102,19 @@ func (e *Edge) dialStream(ctx context.Context, _, _ string) (net.Conn, error) {
 	if !ok {
 		return nil, errNoRoute
 	}
-	s := rt.s
-	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
-		return nil, errNoRoute
-	}
-	if !s.streams.TryAdd(e.cfg.MaxStreamsPerSession) {
-		return nil, errTooManyStreams
-	}
-	st, err := s.ys.OpenStream()
-	if err != nil {
-		s.streams.Done()
-		return nil, errors.Join(errNoRoute, err)
-	}
-	return &trackedConn{Conn: st, done: s.streams.Done}, nil
+	return e.openStream(rt)
 }
 
-// proxyError maps a failed exchange to the visitor error codes.
+// proxyError maps a failed exchange of the reverse proxy to the visitor
+// error codes.
 func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	rt, _ := r.Context().Value(routeKey{}).(route)
+	e.visitorFailed(w, r, rt.hostname, err)
+}
+
+// visitorFailed answers a visitor whose exchange failed with the error code
+// that says why.
+func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname string, err error) {
 	var ne net.Error
 	switch {
 	case r.Context().Err() != nil:
@@ -123,19 +122,19 @@ func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	case errors.Is(err, errNotBound):
-		mux.WriteVisitorError(w, mux.CodeTunnelNotFound, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeTunnelNotFound, hostname)
 	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
-		mux.WriteVisitorError(w, mux.CodeTunnelOffline, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeTunnelOffline, hostname)
 	case errors.Is(err, errTooManyStreams):
-		mux.WriteVisitorError(w, mux.CodeTooManyRequests, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeTooManyRequests, hostname)
 	case errors.As(err, new(*http.MaxBytesError)):
-		mux.WriteVisitorError(w, mux.CodeBodyTooLarge, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeBodyTooLarge, hostname)
 	case errors.As(err, &ne) && ne.Timeout():
-		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, hostname)
 	default:
-		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, rt.hostname)
+		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, hostname)
 	}
-	e.log.Debug("visitor request failed", "hostname", rt.hostname, "err", err)
+	e.log.Debug("visitor request failed", "hostname", hostname, "err", err)
 }
 
 // trackedConn reports its close to the session's in-flight tracker once.

@@ -159,7 +159,9 @@ func (e *Edge) serve(ctx context.Context) {
 		e.serveHTTP(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
-		e.serveHTTP(e.limitVisitors(ln), e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
+		// Batched: a visitor's upload is read up to 256 KiB a syscall, and
+		// the records of one response write leave in one (copyResponse).
+		e.serveHTTP(mux.BatchedListener(e.limitVisitors(ln)), e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -190,6 +192,9 @@ func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          e.certs.ErrorLog(),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 	}
 	e.servers = append(e.servers, srv)
 	e.wg.Add(1)

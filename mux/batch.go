@@ -143,3 +143,16 @@ func (l batchedListener) Accept() (net.Conn, error) {
 	}
 	return Batched(c), nil
 }
+
+// Cork gathers the TLS records written to c, a TLS connection over a
+// Batched socket, until the function it returns is called, which writes
+// them in one syscall. It returns nil for any other connection. Only the
+// connection's one writer may cork it.
+func Cork(c net.Conn) func() error {
+	bc := batchedUnder(c)
+	if bc == nil {
+		return nil
+	}
+	bc.cork()
+	return bc.uncork
+}

@@ -2,7 +2,11 @@ package mux
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
+	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -77,5 +81,72 @@ func TestBatchedWritesPassThroughUncorked(t *testing.T) {
 	want := "gathered records"
 	if n, err := io.ReadFull(server, p[:len(want)]); err != nil || string(p[:n]) != want {
 		t.Fatalf("read %q, %v; want %q", p[:n], err, want)
+	}
+}
+
+// countingConn counts the writes that reach the socket.
+type countingConn struct {
+	net.Conn
+	writes atomic.Int32
+}
+
+func (c *countingConn) Write(p []byte) (int, error) {
+	c.writes.Add(1)
+	return c.Conn.Write(p)
+}
+
+// TestCork: the four TLS records of one 64 KiB write to a corked
+// connection reach the socket in one write, and read back whole; Cork
+// declines a connection that is not TLS over a batched socket.
+func TestCork(t *testing.T) {
+	cert := selfSigned(t)
+	client, server := tcpPair(t)
+	counted := &countingConn{Conn: server}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	tc := tls.Client(client, &tls.Config{RootCAs: roots, ServerName: "localhost"})
+	ts := tls.Server(Batched(counted), &tls.Config{Certificates: []tls.Certificate{cert}})
+	errc := make(chan error, 1)
+	go func() { errc <- ts.Handshake() }()
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, 64<<10)
+	for i := range msg {
+		msg[i] = byte(i * 13)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b := make([]byte, len(msg))
+		io.ReadFull(tc, b)
+		got <- b
+	}()
+	before := counted.writes.Load()
+	uncork := Cork(ts)
+	if uncork == nil {
+		t.Fatal("Cork declined a TLS connection over a batched socket")
+	}
+	if _, err := ts.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := uncork(); err != nil {
+		t.Fatal(err)
+	}
+	if n := counted.writes.Load() - before; n != 1 {
+		t.Errorf("a corked 64 KiB write took %d socket writes, want 1", n)
+	}
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, msg) {
+			t.Fatal("the corked bytes differ from those written")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the corked write never arrived")
+	}
+	if Cork(tc) != nil || Cork(client) != nil {
+		t.Error("Cork accepted a connection without a batched socket")
 	}
 }

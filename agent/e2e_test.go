@@ -11,7 +11,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -384,6 +386,8 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 	cfg.Subdomain = "frame"
 	tunneltest.StartAgent(t, cfg).WaitOnline(t)
 	c := e.Client()
+	waiting := e.Client() // waits for 100 Continue before a body
+	waiting.Transport.(*http.Transport).ExpectContinueTimeout = time.Minute
 
 	for _, scheme := range []string{"http", "https"} {
 		t.Run(scheme, func(t *testing.T) {
@@ -403,6 +407,23 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 			resp.Body.Close()
 			if err != nil || string(body) != "chunked body" || resp.Trailer.Get("X-Sum") != "req=42" {
 				t.Errorf("trailers: %q %v, trailer %v", body, err, resp.Trailer)
+			}
+
+			// Expect: 100-continue: the visitor's body waits for the
+			// edge's 100 and then arrives whole.
+			var continued atomic.Bool
+			trace := &httptrace.ClientTrace{Got100Continue: func() { continued.Store(true) }}
+			req, _ = http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+				"POST", tunneltest.URL(scheme, "frame", "/trailers"), strings.NewReader("after continue"))
+			req.Header.Set("Expect", "100-continue")
+			resp, err = waiting.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || string(body) != "after continue" || !continued.Load() {
+				t.Errorf("Expect: 100-continue: %q %v, got 100 %v", body, err, continued.Load())
 			}
 
 			resp, body2 := get(t, c, tunneltest.URL(scheme, "frame", "/hop"))

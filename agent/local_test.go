@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -439,5 +440,20 @@ func TestRelayLocalErrors(t *testing.T) {
 	resp, got, err := x.roundTrip(t, req)
 	if !errors.Is(err, io.ErrUnexpectedEOF) || resp.StatusCode != 200 || got != "hel" {
 		t.Errorf("truncated body: %v %q %v, want 200, hel and an unexpected EOF", resp, got, err)
+	}
+}
+
+// TestRelayHTTPSLocal: an https:// local service is reached over TLS and
+// its certificate checked against the system's roots, so a self-signed
+// one is refused with 502 upstream_unreachable.
+func TestRelayHTTPSLocal(t *testing.T) {
+	var got atomic.Int32
+	s := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	t.Cleanup(s.Close)
+	s.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake
+	resp, body := do(t, relayAgent(t, s.URL), "GET", "")
+	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
+	if got.Load() != 0 {
+		t.Error("the request reached a local service whose certificate is not trusted")
 	}
 }

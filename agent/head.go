@@ -87,19 +87,11 @@ func parseRequest(raw []byte) (head, error) {
 	case "GET", "HEAD", "OPTIONS", "TRACE":
 		h.replay = true
 	}
-	keepAlive := false
-	err = eachHeader(rest, func(name, value []byte) error {
-		switch {
-		case asciiEqualFold(name, "Idempotency-Key"), asciiEqualFold(name, "X-Idempotency-Key"):
+	err = h.fields(rest, minor, func(name []byte) {
+		if asciiEqualFold(name, "Idempotency-Key") || asciiEqualFold(name, "X-Idempotency-Key") {
 			h.replay = true
 		}
-		return h.frame(name, value, &keepAlive)
 	})
-	if minor == 0 {
-		// HTTP/1.0 has no Transfer-Encoding (net/http ignores it too).
-		h.chunked = false
-		h.close = h.close || !keepAlive
-	}
 	if h.chunked || h.length > 0 {
 		h.replay = false
 	}
@@ -131,14 +123,25 @@ func parseResponse(raw []byte) (head, error) {
 		return h, errMalformed
 	}
 	h.status = n
+	return h, h.fields(rest, minor, nil)
+}
+
+// fields applies a head's header section to its framing, calling also (if
+// not nil) with each field name, then HTTP/1.0's rules.
+func (h *head) fields(block []byte, minor int, also func(name []byte)) error {
 	keepAlive := false
-	err = eachHeader(rest, func(name, value []byte) error { return h.frame(name, value, &keepAlive) })
+	err := eachHeader(block, func(name, value []byte) error {
+		if also != nil {
+			also(name)
+		}
+		return h.frame(name, value, &keepAlive)
+	})
 	if minor == 0 {
 		// HTTP/1.0 has no Transfer-Encoding (net/http ignores it too).
 		h.chunked = false
 		h.close = h.close || !keepAlive
 	}
-	return h, err
+	return err
 }
 
 // frame applies one header field to the message's framing.

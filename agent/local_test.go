@@ -91,14 +91,22 @@ func do(t *testing.T, a *Agent, method, body string) (*http.Response, string) {
 		r = strings.NewReader(body)
 	}
 	req, _ := http.NewRequest(method, "http://app.ngstone.test/", r)
-	x := open(t, a)
-	resp, got, err := x.roundTrip(t, req)
+	resp, got, err := relayOnce(t, a, req)
 	if err != nil {
 		t.Fatalf("%s: %v", method, err)
 	}
+	return resp, got
+}
+
+// relayOnce runs req as one exchange on a new stream, which it then ends
+// as the edge would, and waits for the relay to let it go.
+func relayOnce(t *testing.T, a *Agent, req *http.Request) (*http.Response, string, error) {
+	t.Helper()
+	x := open(t, a)
+	resp, got, err := x.roundTrip(t, req)
 	x.c.Close()
 	waitDone(t, x)
-	return resp, got
+	return resp, got, err
 }
 
 func waitDone(t *testing.T, x *exchange) {
@@ -160,16 +168,13 @@ func TestRelayKeepsConnectionsAlive(t *testing.T) {
 			}
 		}
 		req, _ := http.NewRequest(method, target, r)
-		x := open(t, a)
-		resp, got, err := x.roundTrip(t, req)
+		resp, got, err := relayOnce(t, a, req)
 		if err != nil || resp.StatusCode != 200 || got != method+" "+body {
 			t.Fatalf("request %d: %v %.20q %v", i, resp, got, err)
 		}
 		if i%3 == 0 && len(resp.TransferEncoding) == 0 {
 			t.Errorf("request %d: the response was meant to be chunked", i)
 		}
-		x.c.Close()
-		waitDone(t, x)
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("24 requests used %d connections, want 1", n)
@@ -275,13 +280,10 @@ func TestRelayHeadAndNoContent(t *testing.T) {
 	a := relayAgent(t, s.URL)
 	for _, path := range []string{"/", "/empty", "/", "/empty"} {
 		req, _ := http.NewRequest("HEAD", "http://app.ngstone.test"+path, nil)
-		x := open(t, a)
-		resp, got, err := x.roundTrip(t, req)
+		resp, got, err := relayOnce(t, a, req)
 		if err != nil || got != "" || (path == "/" && resp.ContentLength != 5) {
 			t.Fatalf("HEAD %s: %v %q %v", path, resp, got, err)
 		}
-		x.c.Close()
-		waitDone(t, x)
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("%d connections, want 1", n)

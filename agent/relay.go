@@ -440,10 +440,22 @@ func copyConn(dst io.Writer, src io.Reader) {
 	mux.BufferPool{}.Put(buf)
 }
 
-func getBuf() []byte { return mux.BufferPool{}.Get()[:0] }
+// An outBuf starts small: a head and a small body fit in smallOut, and
+// many exchanges at once hold no more. A body that streams moves it to a
+// 32 KiB copy buffer (see readSome).
+const smallOut = 4 << 10
 
+var smallOutBufs = sync.Pool{New: func() any { return make([]byte, 0, smallOut) }}
+
+func getBuf() []byte { return smallOutBufs.Get().([]byte) }
+
+// putBuf returns an outBuf's buffer to its pool; one that grew for a
+// large head is dropped.
 func putBuf(b []byte) {
-	if cap(b) == 32<<10 {
+	switch cap(b) {
+	case smallOut:
+		smallOutBufs.Put(b[:0])
+	case 32 << 10:
 		mux.BufferPool{}.Put(b[:cap(b)])
 	}
 }
@@ -488,11 +500,16 @@ func (o *outBuf) write(p []byte) error {
 }
 
 // readSome reads once from src into the free part of buf (at most n
-// bytes), flushing first if the read would wait.
+// bytes), flushing first if the read would wait. A body longer than a
+// small buffer that has to be waited for moves to a copy buffer.
 func (o *outBuf) readSome(src *bufio.Reader, n int64) (int, error) {
 	if src.Buffered() == 0 || len(o.buf) == cap(o.buf) {
 		if err := o.flush(); err != nil {
 			return 0, err
+		}
+		if cap(o.buf) == smallOut && n > smallOut {
+			putBuf(o.buf)
+			o.buf = mux.BufferPool{}.Get()[:0]
 		}
 	}
 	room := o.buf[len(o.buf):cap(o.buf)]

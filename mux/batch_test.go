@@ -2,8 +2,6 @@ package mux
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net"
 	"sync/atomic"
@@ -99,21 +97,9 @@ func (c *countingConn) Write(p []byte) (int, error) {
 // connection reach the socket in one write, and read back whole; Cork
 // declines a connection that is not TLS over a batched socket.
 func TestCork(t *testing.T) {
-	cert := selfSigned(t)
 	client, server := tcpPair(t)
 	counted := &countingConn{Conn: server}
-	roots := x509.NewCertPool()
-	roots.AddCert(cert.Leaf)
-	tc := tls.Client(client, &tls.Config{RootCAs: roots, ServerName: "localhost"})
-	ts := tls.Server(Batched(counted), &tls.Config{Certificates: []tls.Certificate{cert}})
-	errc := make(chan error, 1)
-	go func() { errc <- ts.Handshake() }()
-	if err := tc.Handshake(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
+	tc, ts := tlsPair(t, client, Batched(counted))
 	msg := make([]byte, 64<<10)
 	for i := range msg {
 		msg[i] = byte(i * 13)

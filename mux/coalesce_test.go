@@ -310,16 +310,15 @@ func TestCoalesceYamuxStress(t *testing.T) {
 	}
 }
 
-// tlsYamuxPair returns a yamux client and server over loopback TLS with
-// batched sockets and coalesced writes on both sides, as agent and edge run.
-func tlsYamuxPair(t *testing.T) (*yamux.Session, *yamux.Session) {
+// tlsPair runs TLS over client and server and returns both ends once
+// their handshake is done.
+func tlsPair(t *testing.T, client, server net.Conn) (*tls.Conn, *tls.Conn) {
 	t.Helper()
 	cert := selfSigned(t)
-	client, server := tcpPair(t)
 	roots := x509.NewCertPool()
 	roots.AddCert(cert.Leaf)
-	tc := tls.Client(Batched(client), &tls.Config{RootCAs: roots, ServerName: "localhost"})
-	ts := tls.Server(Batched(server), &tls.Config{Certificates: []tls.Certificate{cert}})
+	tc := tls.Client(client, &tls.Config{RootCAs: roots, ServerName: "localhost"})
+	ts := tls.Server(server, &tls.Config{Certificates: []tls.Certificate{cert}})
 	errc := make(chan error, 1)
 	go func() { errc <- ts.Handshake() }()
 	if err := tc.Handshake(); err != nil {
@@ -328,6 +327,15 @@ func tlsYamuxPair(t *testing.T) (*yamux.Session, *yamux.Session) {
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
+	return tc, ts
+}
+
+// tlsYamuxPair returns a yamux client and server over loopback TLS with
+// batched sockets and coalesced writes on both sides, as agent and edge run.
+func tlsYamuxPair(t *testing.T) (*yamux.Session, *yamux.Session) {
+	t.Helper()
+	client, server := tcpPair(t)
+	tc, ts := tlsPair(t, Batched(client), Batched(server))
 	cs, err := yamux.Client(Coalesce(tc), nil)
 	if err != nil {
 		t.Fatal(err)

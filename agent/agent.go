@@ -130,7 +130,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			bo.reset()
 			attempt = 0
 		}
-		if err := a.wait(ctx, bo.next(), attempt+1, err); err != nil {
+		if err := a.wait(ctx, bo.next(time.Now()), attempt+1, err); err != nil {
 			a.setStatus(func(s *Status) { s.State, s.Err = StateStopped, nil })
 			return nil
 		}

@@ -81,7 +81,8 @@ func (e *Edge) visitorHandler() http.Handler {
 	})
 }
 
-// newProxy builds the reverse proxy from visitors to agent streams.
+// newProxy builds the reverse proxy for what the direct path (serveDirect)
+// does not take: upgrades, and requests whose tunnel another edge holds.
 func (e *Edge) newProxy() http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

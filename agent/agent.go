@@ -48,6 +48,9 @@ type Agent struct {
 	log   *slog.Logger
 	local *url.URL
 	pool  *localPool
+	// watchAfter is when an exchange starts watching its stream (the
+	// constant watchAfter; tests shorten it).
+	watchAfter time.Duration
 
 	mu        sync.Mutex
 	status    Status
@@ -74,6 +77,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
 	a.pool = a.newPool()
+	a.watchAfter = watchAfter
 	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
 	return a, nil
 }

@@ -29,6 +29,7 @@ func relayAgent(t *testing.T, local string) *Agent {
 	}
 	a := &Agent{cfg: Config{UpstreamTimeout: 5 * time.Second, UpstreamDialTimeout: 5 * time.Second}.withDefaults(), log: slog.New(slog.DiscardHandler), local: u}
 	a.pool = a.newPool()
+	a.watchAfter = watchAfter
 	a.pool.maxIdle = 4
 	a.pool.probeIdle = time.Hour
 	t.Cleanup(a.pool.CloseIdleConnections)
@@ -457,5 +458,25 @@ func TestRelayHTTPSLocal(t *testing.T) {
 	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
 	if got.Load() != 0 {
 		t.Error("the request reached a local service whose certificate is not trusted")
+	}
+}
+
+// TestRelayWatchedExchangeKeepsConnection: an exchange that outlives
+// watchAfter has a goroutine watching its stream, which sees the edge end
+// the stream as soon as the edge has read the response. That must not
+// cost the local connection, however the two race: here every exchange is
+// watched from its start, and the edge ends each stream the moment the
+// response is in.
+func TestRelayWatchedExchangeKeepsConnection(t *testing.T) {
+	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	a := relayAgent(t, s.URL)
+	a.watchAfter = 0
+	for i := range 200 {
+		if resp, got := do(t, a, "GET", ""); resp.StatusCode != 200 || got != "ok" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, got)
+		}
+	}
+	if n := conns.Load(); n != 1 {
+		t.Errorf("200 watched requests used %d connections, want 1", n)
 	}
 }

@@ -61,9 +61,10 @@ type relay struct {
 	br   *bufio.Reader // reads st
 	done func()        // the exchange no longer holds up a drain
 
-	mu    sync.Mutex
-	state relayState
-	lc    *localConn // the current local connection
+	mu     sync.Mutex
+	state  relayState
+	lc     *localConn // the current local connection
+	lcDone bool       // lc's response was read whole: abort leaves it to finish
 
 	body    chan struct{} // closed when the request body is copied; nil: none in flight
 	bodyErr error
@@ -136,7 +137,7 @@ func (x *relay) exchange(req *head) {
 			err = x.send(lc, req)
 		}
 		if err == nil && watch == nil && x.body == nil && !req.upgrade {
-			watch = time.AfterFunc(watchAfter, x.watch)
+			watch = time.AfterFunc(x.a.watchAfter, x.watch)
 		}
 		var resp head
 		if err == nil {
@@ -173,7 +174,8 @@ func (x *relay) running() bool {
 }
 
 // abort ends a running exchange at once: both connections are closed, so
-// every read and write of it returns.
+// every read and write of it returns; lc is left to finish if its response
+// was read whole.
 func (x *relay) abort() {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -181,10 +183,19 @@ func (x *relay) abort() {
 		return
 	}
 	x.state = relayAborted
-	if x.lc != nil {
+	if x.lc != nil && !x.lcDone {
 		x.lc.Close()
 	}
 	x.st.Close()
+}
+
+// localDone records that lc's response was read whole; false if the
+// exchange was aborted before.
+func (x *relay) localDone() bool {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.lcDone = x.state == relayRunning
+	return x.lcDone
 }
 
 // end marks a running exchange over; false if it was aborted.
@@ -320,20 +331,25 @@ func (x *relay) receive(lc *localConn, req *head, out *outBuf) (head, error) {
 		resp.close = true
 		err = out.copyEOF(lc.br)
 	}
-	if err == nil {
-		err = out.flush()
-	}
-	return resp, err
+	return resp, err // the rest of out goes in finish
 }
 
-// finish ends a successful exchange: the stream is closed and lc pooled
-// if both sides left it clean.
+// finish ends an exchange whose response was read whole: the rest of it
+// goes to the stream, the stream is closed, and lc is pooled if both sides
+// left it clean. lc is done with first, so that the edge ending the stream
+// once it has the response (which a watcher sees) cannot cost it.
 func (x *relay) finish(lc *localConn, req, resp *head, out *outBuf) {
 	if resp.status == 101 {
 		x.upgraded(lc)
 		return
 	}
+	if !x.localDone() {
+		return // aborted before: lc is closed
+	}
 	keep := !resp.close && !req.close
+	if err := out.flush(); err != nil {
+		x.abort() // the edge is gone; lc is still clean
+	}
 	if x.body != nil {
 		t := time.NewTimer(maxWriteWait)
 		select {
@@ -349,10 +365,9 @@ func (x *relay) finish(lc *localConn, req, resp *head, out *outBuf) {
 		default:
 		}
 	}
-	if !x.end() {
-		return // aborted meanwhile: lc is closed
+	if x.end() {
+		x.st.Close()
 	}
-	x.st.Close()
 	if keep {
 		x.a.pool.put(lc)
 	} else {

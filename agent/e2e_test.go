@@ -90,9 +90,7 @@ func TestLargeBodiesByteExact(t *testing.T) {
 	io.Copy(want, tunneltest.Pattern(down))
 	// HTTP/2, and HTTP/1.1 over TLS, whose response records the edge
 	// writes corked (mux.Cork).
-	h1 := e.Client()
-	h1.Transport.(*http.Transport).ForceAttemptHTTP2 = false
-	h1.Transport.(*http.Transport).TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	h1 := h1Client(e)
 	got := sha256.New()
 	for _, client := range []*http.Client{c, h1} {
 		resp, err := client.Get(tunneltest.URL("https", "big", "/download?n=33554432"))
@@ -450,4 +448,90 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRequestHeadOnTheWire reads the request head as the local service
+// receives it, bytes and all: one Content-Length (a second one, even
+// equal, makes Node's and nginx's parsers refuse a request), no hop-by-hop
+// field, the visitor's Host, one X-Forwarded-For.
+func TestRequestHeadOnTheWire(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heads := make(chan string, 4)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			for {
+				var head strings.Builder
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil {
+						c.Close()
+						goto next
+					}
+					head.WriteString(line)
+					if line == "\r\n" {
+						break
+					}
+				}
+				req, _ := http.ReadRequest(bufio.NewReader(strings.NewReader(head.String())))
+				if req != nil && req.ContentLength > 0 {
+					io.CopyN(io.Discard, br, req.ContentLength)
+				}
+				heads <- head.String()
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+		next:
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", ln.Addr().String())
+	cfg.Subdomain = "wire"
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	c := h1Client(e) // HTTP/2 has no Connection header to test with
+	for _, scheme := range []string{"http", "https"} {
+		req, _ := http.NewRequest("POST", tunneltest.URL(scheme, "wire", "/p?q=1"), strings.NewReader("body"))
+		req.Header.Set("Connection", "X-Hop")
+		req.Header.Set("X-Hop", "gone")
+		req.Header.Set("Keep-Alive", "timeout=5")
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		head := <-heads
+		lines := strings.Split(head, "\r\n")
+		count := func(name string) int {
+			n := 0
+			for _, l := range lines {
+				if k, _, ok := strings.Cut(l, ":"); ok && strings.EqualFold(k, name) {
+					n++
+				}
+			}
+			return n
+		}
+		if lines[0] != "POST /p?q=1 HTTP/1.1" || count("Content-Length") != 1 || count("X-Forwarded-For") != 1 ||
+			count("Host") != 1 || !strings.Contains(head, "Host: wire."+tunneltest.Domain+"\r\n") ||
+			count("X-Hop") != 0 || count("Keep-Alive") != 0 || count("Connection") != 0 || count("Transfer-Encoding") != 0 {
+			t.Errorf("%s: the local service got this head:\n%s", scheme, head)
+		}
+	}
+}
+
+// h1Client is e's client held to HTTP/1.1 over TLS as well.
+func h1Client(e *tunneltest.Edge) *http.Client {
+	c := e.Client()
+	c.Transport.(*http.Transport).ForceAttemptHTTP2 = false
+	c.Transport.(*http.Transport).TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	return c
 }

@@ -158,7 +158,10 @@ func writeDirect(conn net.Conn, r *http.Request, forwarded, withBody bool) error
 	return bw.Flush()
 }
 
-// writeHead writes the request line and header section of r.
+// writeHead writes the request line and header section of r. The body's
+// framing is the edge's to write: the visitor's Content-Length (which
+// net/http leaves in r.Header) is not copied, as a second one would make
+// many servers refuse the request.
 func writeHead(bw *bufio.Writer, r *http.Request, forwarded, chunked, withBody bool) {
 	bw.WriteString(r.Method)
 	bw.WriteByte(' ')
@@ -168,7 +171,7 @@ func writeHead(bw *bufio.Writer, r *http.Request, forwarded, chunked, withBody b
 	bw.WriteString("\r\n")
 	connection := r.Header["Connection"]
 	for k, vv := range r.Header {
-		if hopHeaders[k] || (!forwarded && forwardedHeaders[k]) || namedIn(connection, k) {
+		if hopHeaders[k] || k == "Content-Length" || (!forwarded && forwardedHeaders[k]) || namedIn(connection, k) {
 			continue
 		}
 		for _, v := range vv {

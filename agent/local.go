@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -70,12 +71,23 @@ func (t *localPool) conn() (*localConn, bool, error) {
 }
 
 // alive reports whether the local service has left an idle connection
-// open: a read that would block says so, in about a microsecond.
+// open: nothing to read on it yet, neither bytes nor the end.
 func (c *localConn) alive() bool {
-	c.Conn.SetReadDeadline(time.Now().Add(time.Microsecond))
+	raw := c.Conn
+	if tc, ok := raw.(*tls.Conn); ok {
+		raw = tc.NetConn() // a close_notify or a FIN both say no
+	}
+	return socketIdle(raw)
+}
+
+// aliveByDeadline is socketIdle where the socket cannot be peeked at: a
+// read with a short deadline must time out. The deadline leaves the read
+// time to reach the socket (one that has already passed fails before it).
+func aliveByDeadline(c net.Conn) bool {
+	c.SetReadDeadline(time.Now().Add(time.Millisecond))
 	var b [1]byte
-	_, err := c.Conn.Read(b[:])
-	c.Conn.SetReadDeadline(time.Time{})
+	_, err := c.Read(b[:])
+	c.SetReadDeadline(time.Time{})
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -247,7 +247,22 @@ func TestRelayPeerClosedIdleConnection(t *testing.T) {
 	// on a new one.
 	send("GET", "")
 	// A POST cannot be sent twice: the idle connection is probed first.
+	// The probe sees the close once it has reached this end of the
+	// socket; wait for that, as a later request would.
 	a.pool.probeIdle = 0
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		a.pool.mu.Lock()
+		lc := a.pool.idle[len(a.pool.idle)-1]
+		a.pool.mu.Unlock()
+		if !lc.alive() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the server's close never reached the pooled connection")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	send("POST", "body")
 	if n := accepted.Load(); n != 3 {
 		t.Errorf("server accepted %d connections, want 3", n)
@@ -478,5 +493,62 @@ func TestRelayWatchedExchangeKeepsConnection(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf("200 watched requests used %d connections, want 1", n)
+	}
+}
+
+// TestSocketIdle: the probe of a pooled connection tells an idle socket
+// from one with bytes waiting (which it leaves unread) and from one the
+// peer closed, at once and every time.
+func TestSocketIdle(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := &localConn{Conn: c}
+	for range 100 {
+		if !lc.alive() {
+			t.Fatal("an idle connection was reported closed")
+		}
+	}
+	// until reports whether want came within a bounded wait (the bytes
+	// or the FIN cross loopback in the kernel, not at once).
+	until := func(want bool) bool {
+		for range 5000 {
+			if lc.alive() == want {
+				return true
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return false
+	}
+	peer.Write([]byte("x"))
+	if !until(false) {
+		t.Fatal("a connection with a byte waiting was reported idle")
+	}
+	var b [1]byte
+	if n, err := c.Read(b[:]); n != 1 || b[0] != 'x' || err != nil {
+		t.Fatalf("the probe consumed the waiting byte: %d %q %v", n, b[:n], err)
+	}
+	if !until(true) {
+		t.Fatal("idle again, the connection was reported closed")
+	}
+	peer.Close()
+	if !until(false) {
+		t.Fatal("a connection the peer closed was reported idle")
+	}
+	for range 100 {
+		if lc.alive() {
+			t.Fatal("a closed connection was later reported idle")
+		}
 	}
 }

@@ -20,8 +20,9 @@ type localPool struct {
 	idleTimeout time.Duration
 	probeIdle   time.Duration // see defaultProbeIdle
 
-	mu   sync.Mutex
-	idle []*localConn // most recently used last
+	mu     sync.Mutex
+	idle   []*localConn // most recently used last
+	closed bool         // CloseIdleConnections ran: keep nothing
 }
 
 // defaultProbeIdle is how long a pooled connection may sit unused before it
@@ -115,6 +116,10 @@ func (t *localPool) put(lc *localConn) {
 	lc.usedAt = time.Now()
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.closed {
+		lc.Close() // an exchange that outlived Run
+		return
+	}
 	// The least recently used connection goes first: when the pool is
 	// full, or when it has been idle too long.
 	if len(t.idle) > 0 && (len(t.idle) >= t.maxIdle || time.Since(t.idle[0].usedAt) > t.idleTimeout) {
@@ -124,11 +129,12 @@ func (t *localPool) put(lc *localConn) {
 	t.idle = append(t.idle, lc)
 }
 
-// CloseIdleConnections closes the pooled connections.
+// CloseIdleConnections closes the pooled connections, and any that an
+// exchange still running gives back later.
 func (t *localPool) CloseIdleConnections() {
 	t.mu.Lock()
 	idle := t.idle
-	t.idle = nil
+	t.idle, t.closed = nil, true
 	t.mu.Unlock()
 	for _, lc := range idle {
 		lc.Close()

@@ -552,3 +552,22 @@ func TestSocketIdle(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolClosedKeepsNothing: a connection given back after the pool was
+// closed (an exchange that outlived Run) is closed, not kept.
+func TestPoolClosedKeepsNothing(t *testing.T) {
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {})
+	a := relayAgent(t, s.URL)
+	lc, _, err := a.pool.conn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.pool.CloseIdleConnections()
+	a.pool.put(lc)
+	if len(a.pool.idle) != 0 {
+		t.Fatal("a closed pool kept a connection")
+	}
+	if _, err := lc.Write([]byte("GET / HTTP/1.1\r\n\r\n")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("write on the given-back connection: %v, want it closed", err)
+	}
+}

@@ -8,10 +8,12 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -346,6 +348,12 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 		io.WriteString(w, string(b))
 		w.Header().Set("X-Sum", "req="+r.Trailer.Get("X-Req-Sum"))
 	})
+	local.HandleFunc("/early", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</app.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Del("Link")
+		io.WriteString(w, "final")
+	})
 	local.HandleFunc("/hop", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "X-Secret")
 		w.Header().Set("X-Secret", "hop only")
@@ -422,6 +430,25 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 			resp.Body.Close()
 			if err != nil || string(body) != "after continue" || !continued.Load() {
 				t.Errorf("Expect: 100-continue: %q %v, got 100 %v", body, err, continued.Load())
+			}
+
+			// 103 Early Hints reach the visitor ahead of the response,
+			// with their own fields only.
+			var hints []string
+			trace = &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+				hints = append(hints, fmt.Sprintf("%d %s", code, h.Get("Link")))
+				return nil
+			}}
+			req, _ = http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace),
+				"GET", tunneltest.URL(scheme, "frame", "/early"), nil)
+			resp, err = c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if len(hints) != 1 || hints[0] != "103 </app.css>; rel=preload" || string(body) != "final" || resp.Header.Get("Link") != "" {
+				t.Errorf("early hints: %q, final %d %q with Link %q", hints, resp.StatusCode, body, resp.Header.Get("Link"))
 			}
 
 			resp, body2 := get(t, c, tunneltest.URL(scheme, "frame", "/hop"))

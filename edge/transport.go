@@ -3,9 +3,12 @@ package edge
 import (
 	"bufio"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +35,10 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	x := &exchange{conn: conn}
 	x.stop = context.AfterFunc(req.Context(), x.close)
+	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
+		// The reverse proxy passes informational responses on.
+		x.on1xx = func(code int, h http.Header) error { return trace.Got1xxResponse(code, textproto.MIMEHeader(h)) }
+	}
 	if req.Body == nil || req.Body == http.NoBody {
 		if err := writeRequest(conn, req); err != nil {
 			x.close()
@@ -78,6 +85,7 @@ type exchange struct {
 	body     io.ReadCloser // the response body, read from br
 	eof      bool          // body has returned io.EOF: it reads br no more
 	stop     func() bool
+	on1xx    func(code int, h http.Header) error // informational responses; nil: dropped
 	timedOut atomic.Bool
 	once     sync.Once
 }
@@ -110,8 +118,8 @@ func (timeoutError) Error() string   { return "edge: no response headers from th
 func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
 
-// readResponse reads the response headers within timeout, skipping
-// informational responses other than 101.
+// readResponse reads the response headers within timeout, passing
+// informational responses other than 101 to on1xx.
 func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http.Response, error) {
 	x.br = responseReaders.Get().(*bufio.Reader)
 	x.br.Reset(x.conn)
@@ -119,7 +127,7 @@ func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http
 		x.timedOut.Store(true)
 		x.close()
 	})
-	resp, err := readFinal(x.br, req)
+	resp, err := readFinal(x.br, req, x.on1xx)
 	if !t.Stop() && x.timedOut.Load() {
 		err = errTunnelTimeout
 	}
@@ -138,8 +146,15 @@ func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http
 	return resp, nil
 }
 
-func readFinal(br *bufio.Reader, req *http.Request) (*http.Response, error) {
-	for {
+// max1xx bounds the informational responses before the final one.
+const max1xx = 16
+
+var errTooMany1xx = errors.New("edge: too many informational responses from the agent")
+
+// readFinal reads informational responses, passing each to on1xx (if not
+// nil), until the final one (or a 101).
+func readFinal(br *bufio.Reader, req *http.Request, on1xx func(code int, h http.Header) error) (*http.Response, error) {
+	for range max1xx {
 		resp, err := http.ReadResponse(br, req)
 		if err != nil {
 			return nil, err
@@ -148,7 +163,13 @@ func readFinal(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		resp.Body.Close()
+		if on1xx != nil {
+			if err := on1xx(resp.StatusCode, resp.Header); err != nil {
+				return nil, err
+			}
+		}
 	}
+	return nil, errTooMany1xx
 }
 
 func (x *exchange) Read(p []byte) (int, error) {

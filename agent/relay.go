@@ -29,8 +29,6 @@ const (
 	// maxHeaderBytes bounds a response head of the local service, 1xx
 	// responses included, as http.Transport does.
 	maxHeaderBytes = 10 << 20
-	// max1xx bounds the informational responses before the final one.
-	max1xx = 16
 	// maxWriteWait bounds the wait for a request body still being
 	// written when its response has ended (http.Transport's figure).
 	maxWriteWait = 50 * time.Millisecond
@@ -42,10 +40,9 @@ const (
 )
 
 var (
-	errTooMany1xx       = errors.New("agent: too many informational responses from the local service")
-	errUnwantedUpgrade  = errors.New("agent: the local service switched protocols unasked")
-	errExtraAfterHead   = errors.New("agent: the local service sent bytes past its response")
-	errExchangeAbandond = errors.New("agent: the edge gave the exchange up")
+	errTooMany1xx      = errors.New("agent: too many informational responses from the local service")
+	errUnwantedUpgrade = errors.New("agent: the local service switched protocols unasked")
+	errAbandoned       = errors.New("agent: the edge gave the exchange up")
 )
 
 // streamReaders read request heads and bodies from the edge's streams.
@@ -285,7 +282,7 @@ func (x *relay) receive(lc *localConn, req *head, out *outBuf) (head, error) {
 	var resp head
 	var start int
 	for n := 0; ; n++ {
-		if n > max1xx {
+		if n > mux.Max1xx {
 			return resp, errTooMany1xx
 		}
 		start = len(out.buf)
@@ -304,7 +301,7 @@ func (x *relay) receive(lc *localConn, req *head, out *outBuf) (head, error) {
 		// 1xx: passed on at once (100 Continue lets the visitor send
 		// its body).
 		if err := out.flush(); err != nil {
-			return resp, errors.Join(errExchangeAbandond, err)
+			return resp, errors.Join(errAbandoned, err)
 		}
 	}
 	if timeout > 0 {

@@ -366,14 +366,7 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		http.NewResponseController(w).EnableFullDuplex()
-		rt := route{s: s, hostname: host, generation: gen}
-		if !namedIn(r.Header["Connection"], "upgrade") {
-			e.serveDirect(w, r, rt, true)
-			return
-		}
-		ctx := context.WithValue(r.Context(), routeKey{}, rt)
-		e.clusterProxy.ServeHTTP(w, r.WithContext(ctx))
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, true, e.clusterProxy)
 	})
 }
 

@@ -54,22 +54,8 @@ func (e *Edge) serveDirect(w http.ResponseWriter, r *http.Request, rt route, for
 		e.visitorFailed(w, r, rt.hostname, err)
 		return
 	}
-	x := &exchange{conn: conn}
+	x := &exchange{conn: conn, visitor: w}
 	x.stop = context.AfterFunc(r.Context(), x.close)
-	x.on1xx = func(code int, h http.Header) error {
-		if code == http.StatusContinue {
-			return nil // the visitor's server sends its own when the body is read
-		}
-		// 103 Early Hints and the like go to the visitor as they come.
-		dropHopHeaders(h)
-		dst := w.Header()
-		for k, vv := range h {
-			dst[k] = vv
-		}
-		w.WriteHeader(code)
-		clear(dst) // WriteHeader keeps them for the final response otherwise
-		return nil
-	}
 	hasBody := r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
 	var wrote chan error
 	if !hasBody {

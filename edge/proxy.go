@@ -69,16 +69,22 @@ func (e *Edge) visitorHandler() http.Handler {
 				return
 			}
 		}
-		// Let bodies stream both ways at once, as the local service may
-		// answer while the visitor is still uploading.
-		http.NewResponseController(w).EnableFullDuplex()
-		if rt.s != nil && !namedIn(r.Header["Connection"], "upgrade") {
-			e.serveDirect(w, r, rt, false)
-			return
-		}
-		ctx := context.WithValue(r.Context(), routeKey{}, rt)
-		e.proxy.ServeHTTP(w, r.WithContext(ctx))
+		e.serveRoute(w, r, rt, false, e.proxy)
 	})
+}
+
+// serveRoute sends r along rt: straight to the stream of a session of this
+// edge, or through proxy (an upgrade, or a tunnel another edge holds).
+// forwarded: r came from another edge, whose X-Forwarded-* it keeps.
+func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, forwarded bool, proxy http.Handler) {
+	// Let bodies stream both ways at once, as the local service may
+	// answer while the visitor is still uploading.
+	http.NewResponseController(w).EnableFullDuplex()
+	if rt.s != nil && !namedIn(r.Header["Connection"], "upgrade") {
+		e.serveDirect(w, r, rt, forwarded)
+		return
+	}
+	proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
 }
 
 // newProxy builds the reverse proxy for what the direct path (serveDirect)

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // streamTransport runs each request as one HTTP/1.1 exchange on a new
@@ -33,12 +35,9 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	x := &exchange{conn: conn}
+	// The reverse proxy passes informational responses on.
+	x := &exchange{conn: conn, trace: httptrace.ContextClientTrace(req.Context())}
 	x.stop = context.AfterFunc(req.Context(), x.close)
-	if trace := httptrace.ContextClientTrace(req.Context()); trace != nil && trace.Got1xxResponse != nil {
-		// The reverse proxy passes informational responses on.
-		x.on1xx = func(code int, h http.Header) error { return trace.Got1xxResponse(code, textproto.MIMEHeader(h)) }
-	}
 	if req.Body == nil || req.Body == http.NoBody {
 		if err := writeRequest(conn, req); err != nil {
 			x.close()
@@ -80,12 +79,15 @@ var responseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil
 // exchange is one request's stream; closing it ends the exchange. It is
 // also the response body the reverse proxy reads and closes.
 type exchange struct {
-	conn     net.Conn
-	br       *bufio.Reader
-	body     io.ReadCloser // the response body, read from br
-	eof      bool          // body has returned io.EOF: it reads br no more
-	stop     func() bool
-	on1xx    func(code int, h http.Header) error // informational responses; nil: dropped
+	conn net.Conn
+	br   *bufio.Reader
+	body io.ReadCloser // the response body, read from br
+	eof  bool          // body has returned io.EOF: it reads br no more
+	stop func() bool
+	// Informational responses go to visitor (the direct path) or to
+	// trace (the reverse proxy's); with neither, they are dropped.
+	visitor  http.ResponseWriter
+	trace    *httptrace.ClientTrace
 	timedOut atomic.Bool
 	once     sync.Once
 }
@@ -119,7 +121,7 @@ func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
 
 // readResponse reads the response headers within timeout, passing
-// informational responses other than 101 to on1xx.
+// informational responses other than 101 on (inform).
 func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http.Response, error) {
 	x.br = responseReaders.Get().(*bufio.Reader)
 	x.br.Reset(x.conn)
@@ -127,7 +129,7 @@ func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http
 		x.timedOut.Store(true)
 		x.close()
 	})
-	resp, err := readFinal(x.br, req, x.on1xx)
+	resp, err := x.readFinal(req)
 	if !t.Stop() && x.timedOut.Load() {
 		err = errTunnelTimeout
 	}
@@ -146,16 +148,13 @@ func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http
 	return resp, nil
 }
 
-// max1xx bounds the informational responses before the final one.
-const max1xx = 16
-
 var errTooMany1xx = errors.New("edge: too many informational responses from the agent")
 
-// readFinal reads informational responses, passing each to on1xx (if not
-// nil), until the final one (or a 101).
-func readFinal(br *bufio.Reader, req *http.Request, on1xx func(code int, h http.Header) error) (*http.Response, error) {
-	for range max1xx {
-		resp, err := http.ReadResponse(br, req)
+// readFinal reads informational responses, passing each on, until the
+// final one (or a 101).
+func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
+	for range mux.Max1xx {
+		resp, err := http.ReadResponse(x.br, req)
 		if err != nil {
 			return nil, err
 		}
@@ -163,13 +162,31 @@ func readFinal(br *bufio.Reader, req *http.Request, on1xx func(code int, h http.
 			return resp, nil
 		}
 		resp.Body.Close()
-		if on1xx != nil {
-			if err := on1xx(resp.StatusCode, resp.Header); err != nil {
-				return nil, err
-			}
+		if err := x.inform(resp.StatusCode, resp.Header); err != nil {
+			return nil, err
 		}
 	}
 	return nil, errTooMany1xx
+}
+
+// inform passes an informational response on: 103 Early Hints and the
+// like reach the visitor as they come.
+func (x *exchange) inform(code int, h http.Header) error {
+	switch {
+	case x.trace != nil && x.trace.Got1xxResponse != nil:
+		return x.trace.Got1xxResponse(code, textproto.MIMEHeader(h))
+	case x.visitor == nil, code == http.StatusContinue:
+		// The visitor's server sends its own 100 when the body is read.
+		return nil
+	}
+	dropHopHeaders(h)
+	dst := x.visitor.Header()
+	for k, vv := range h {
+		dst[k] = vv
+	}
+	x.visitor.WriteHeader(code)
+	clear(dst) // WriteHeader keeps them for the final response otherwise
+	return nil
 }
 
 func (x *exchange) Read(p []byte) (int, error) {

@@ -23,6 +23,10 @@ const ALPN = "ngstone/1"
 // session: no legitimate message comes near it.
 const MaxFrameSize = 64 << 10
 
+// Max1xx bounds the informational (1xx) responses before the final one
+// that the agent takes from a local service and the edge from an agent.
+const Max1xx = 16
+
 // headerSize is the frame header: one byte of type, four of payload length.
 const headerSize = 5
 

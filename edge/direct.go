@@ -272,14 +272,14 @@ func copyResponse(w http.ResponseWriter, r *http.Request, body io.Reader, flush 
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
-			var uncork func() error
+			var uncork mux.Uncorker
 			if cork {
 				uncork = mux.Cork(conn)
 				cork = uncork != nil
 			}
 			_, err := w.Write(buf[:n])
 			if uncork != nil {
-				if uerr := uncork(); err == nil {
+				if uerr := uncork.Uncork(); err == nil {
 					err = uerr
 				}
 			}

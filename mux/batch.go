@@ -145,14 +145,20 @@ func (l batchedListener) Accept() (net.Conn, error) {
 }
 
 // Cork gathers the TLS records written to c, a TLS connection over a
-// Batched socket, until the function it returns is called, which writes
-// them in one syscall. It returns nil for any other connection. Only the
-// connection's one writer may cork it.
-func Cork(c net.Conn) func() error {
+// Batched socket, until Uncork on what it returns writes them in one
+// syscall. It returns nil for any other connection. Only the connection's
+// one writer may cork it.
+func Cork(c net.Conn) Uncorker {
 	bc := batchedUnder(c)
 	if bc == nil {
 		return nil
 	}
 	bc.cork()
-	return bc.uncork
+	return bc
 }
+
+// Uncorker ends a Cork.
+type Uncorker interface{ Uncork() error }
+
+// Uncork writes what was gathered since Cork.
+func (c *batchedConn) Uncork() error { return c.uncork() }

@@ -118,7 +118,7 @@ func TestCork(t *testing.T) {
 	if _, err := ts.Write(msg); err != nil {
 		t.Fatal(err)
 	}
-	if err := uncork(); err != nil {
+	if err := uncork.Uncork(); err != nil {
 		t.Fatal(err)
 	}
 	if n := counted.writes.Load() - before; n != 1 {

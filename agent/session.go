@@ -301,7 +301,7 @@ func (c *conn) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.a.cfg.DrainTimeout)
 	defer cancel()
 	c.streams.Wait(ctx, c.ys.CloseChan())
-	c.ys.Close() // ends serveStreams, and every exchange still running
+	c.ys.Close() // ends serveStreams; a running exchange ends at its next stream read or write, or its watcher
 }
 
 // serveStreams relays each stream the edge opens, one exchange each, until

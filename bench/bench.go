@@ -40,6 +40,7 @@ type bench struct {
 	agent  *proc
 	starts int
 	ca     *x509.CertPool
+	peers  []*peer
 	rows   []row
 	notes  []string
 }
@@ -81,6 +82,9 @@ func newBench(o options) (*bench, error) {
 }
 
 func (b *bench) close() {
+	for _, p := range b.peers {
+		p.stop()
+	}
 	b.agent.stop()
 	b.edge.stop()
 	b.be.close()
@@ -97,6 +101,9 @@ func (b *bench) run() error {
 	}
 	var err error
 	if b.agent, err = b.startAgent(mainSub, b.addrs["control"]); err != nil {
+		return err
+	}
+	if err := b.startPeers(); err != nil {
 		return err
 	}
 	phases := []struct {
@@ -274,13 +281,45 @@ func (b *bench) smallGETs() error {
 			b.add(row{name: fmt.Sprintf("GET %s c=%d p99", strings.ToUpper(scheme), c), direct: ms(d.p99), tunnel: ms(t.p99),
 				ratio: "+" + ms(t.p99-d.p99)})
 			if c == 16 {
-				per := func(cpu time.Duration) string {
-					return fmt.Sprintf("%.2f s", cpu.Seconds()*10000/float64(t.n))
+				b.add(row{name: fmt.Sprintf("edge CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per10k(e1-e0, t.n)})
+				b.add(row{name: fmt.Sprintf("agent CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per10k(a1-a0, t.n)})
+			}
+			for _, p := range b.peers {
+				if err := b.peerGETs(p, scheme, c, d); err != nil {
+					return err
 				}
-				b.add(row{name: fmt.Sprintf("edge CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per(e1 - e0)})
-				b.add(row{name: fmt.Sprintf("agent CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per(a1 - a0)})
 			}
 		}
+	}
+	return nil
+}
+
+func per10k(cpu time.Duration, n int) string {
+	return fmt.Sprintf("%.2f s", cpu.Seconds()*10000/float64(n))
+}
+
+// peerGETs measures p as smallGETs measures the tunnel, against the same
+// direct figures d.
+func (b *bench) peerGETs(p *peer, scheme string, c int, d loadResult) error {
+	pt, ok := p.targets[scheme]
+	if !ok {
+		return nil
+	}
+	cpu0 := p.cpu()
+	t := smallGETs(pt, c, b.o.dur)
+	cpu := p.cpu() - cpu0
+	if t.n == 0 {
+		return fmt.Errorf("%s %s c=%d: no successful request (%d errors)", p.name, scheme, c, t.errs)
+	}
+	name := fmt.Sprintf("%s: GET %s c=%d", p.name, strings.ToUpper(scheme), c)
+	r := row{name: name + " req/s", direct: fmt.Sprintf("%.0f", d.rps()), tunnel: fmt.Sprintf("%.0f", t.rps()), ratio: pct(t.rps() / d.rps())}
+	if t.errs > 0 {
+		r.tunnel += fmt.Sprintf(" (%d errors)", t.errs)
+	}
+	b.add(r)
+	b.add(row{name: name + " p50", direct: ms(d.p50), tunnel: ms(t.p50), ratio: "+" + ms(t.p50-d.p50)})
+	if c == 16 {
+		b.add(row{name: fmt.Sprintf("%s: CPU per 10k GETs, all its processes (%s c=16)", p.name, strings.ToUpper(scheme)), tunnel: per10k(cpu, t.n)})
 	}
 	return nil
 }
@@ -293,31 +332,51 @@ func (b *bench) transfers() error {
 			f      func(target, *http.Client, int64) (float64, error)
 			target float64
 		}{{"download", download, 0.5}, {"upload", upload, 0.6}} {
-			var rates [2]float64
-			var e0, a0 time.Duration
-			for i, t := range []target{b.direct(scheme), b.tunnel(scheme, mainSub)} {
+			rate := func(t target) (float64, error) {
 				c := t.client(1)
-				e0, a0 = b.edge.cpu(), b.agent.cpu()
-				var err error
-				rates[i], err = median(b.o.xfers, func() (float64, error) { return dir.f(t, c, b.o.size) })
-				c.CloseIdleConnections()
+				defer c.CloseIdleConnections()
+				r, err := median(b.o.xfers, func() (float64, error) { return dir.f(t, c, b.o.size) })
 				if err != nil {
-					return fmt.Errorf("%s %s: %w", scheme, dir.name, err)
+					return 0, fmt.Errorf("%s %s: %w", scheme, dir.name, err)
 				}
+				return r, nil
 			}
-			ratio := rates[1] / rates[0]
+			direct, err := rate(b.direct(scheme))
+			if err != nil {
+				return err
+			}
+			e0, a0 := b.edge.cpu(), b.agent.cpu()
+			tunnel, err := rate(b.tunnel(scheme, mainSub))
+			if err != nil {
+				return err
+			}
+			ratio := tunnel / direct
 			name := fmt.Sprintf("%s %s %d MiB", strings.ToUpper(scheme), dir.name, b.o.size>>20)
-			b.add(row{name: name,
-				direct: fmt.Sprintf("%.0f MiB/s", rates[0]/(1<<20)), tunnel: fmt.Sprintf("%.0f MiB/s", rates[1]/(1<<20)),
+			b.add(row{name: name, direct: mibps(direct), tunnel: mibps(tunnel),
 				ratio: pct(ratio), target: fmt.Sprintf("≥ %.0f%%", 100*dir.target), verdict: verdict(ratio >= dir.target)})
 			// CPU is steadier than throughput on a shared machine.
 			gib := float64(b.o.xfers) * float64(b.o.size) / (1 << 30)
 			b.add(row{name: "edge / agent CPU per GiB, " + name,
 				tunnel: fmt.Sprintf("%.2f / %.2f s", (b.edge.cpu()-e0).Seconds()/gib, (b.agent.cpu()-a0).Seconds()/gib)})
+			for _, p := range b.peers {
+				pt, ok := p.targets[scheme]
+				if !ok {
+					continue
+				}
+				cpu0 := p.cpu()
+				r, err := rate(pt)
+				if err != nil {
+					return fmt.Errorf("%s: %w", p.name, err)
+				}
+				b.add(row{name: p.name + ": " + name, direct: mibps(direct), tunnel: mibps(r), ratio: pct(r / direct)})
+				b.add(row{name: p.name + ": CPU per GiB, all its processes, " + name, tunnel: fmt.Sprintf("%.2f s", (p.cpu()-cpu0).Seconds()/gib)})
+			}
 		}
 	}
 	return nil
 }
+
+func mibps(bytesPerSecond float64) string { return fmt.Sprintf("%.0f MiB/s", bytesPerSecond/(1<<20)) }
 
 // peakRSS reports the high-water mark of resident memory of both children
 // after the load phases.
@@ -326,6 +385,11 @@ func (b *bench) peakRSS() error {
 		hwm := p.status("VmHWM")
 		b.add(row{name: "peak RSS of " + strings.Fields(p.name)[0] + " under load", tunnel: mib(hwm),
 			target: "≤ 30 MiB", verdict: verdict(hwm <= 30<<20)})
+	}
+	for _, p := range b.peers {
+		for _, pr := range p.procs {
+			b.add(row{name: fmt.Sprintf("%s: peak RSS of %s under load", p.name, pr.name), tunnel: mib(pr.status("VmHWM"))})
+		}
 	}
 	return nil
 }
@@ -368,30 +432,51 @@ func (b *bench) resets() error {
 
 // outages kills the edge, waits the outage, starts it again on the same
 // ports and data directory, and measures the time to the first successful
-// request.
+// request; then the same for each peer with a server to restart.
 func (b *bench) outages() error {
-	t := b.tunnel("http", mainSub)
+	ds, err := b.outageTimes(b.tunnel("http", mainSub), func() { b.edge.kill() }, b.startEdge)
+	if err != nil {
+		return fmt.Errorf("tunnel %w", err)
+	}
+	b.addRecovery(fmt.Sprintf("back after %s edge outage", b.o.outage), ds, 2*time.Second)
+	for _, p := range b.peers {
+		if p.restart == nil {
+			continue
+		}
+		ds, err := b.outageTimes(p.targets["http"], func() { p.procs[0].kill() }, p.restart)
+		if err != nil {
+			return fmt.Errorf("%s %w", p.name, err)
+		}
+		slices.Sort(ds)
+		b.add(row{name: fmt.Sprintf("%s: back after %s server outage (median of %d)", p.name, b.o.outage, len(ds)),
+			tunnel: ms(ds[len(ds)/2]), ratio: fmt.Sprintf("min %s, max %s", ms(ds[0]), ms(ds[len(ds)-1]))})
+	}
+	return nil
+}
+
+// outageTimes runs the outages through t: kill, wait the outage, restart,
+// and time the first successful request after the restart.
+func (b *bench) outageTimes(t target, kill func(), restart func() error) ([]time.Duration, error) {
 	c := t.client(1)
 	defer c.CloseIdleConnections()
 	var ds []time.Duration
 	for range b.o.outages {
-		if _, ok := waitOK(t, c, 10*time.Second, 5*time.Millisecond); !ok {
-			return errors.New("tunnel not serving before an outage")
+		if _, ok := waitOK(t, c, 30*time.Second, 5*time.Millisecond); !ok {
+			return nil, errors.New("not serving before an outage")
 		}
-		b.edge.kill()
+		kill()
 		time.Sleep(b.o.outage)
 		start := time.Now()
-		if err := b.startEdge(); err != nil {
-			return err
+		if err := restart(); err != nil {
+			return nil, err
 		}
 		at, ok := waitOK(t, c, 60*time.Second, time.Millisecond)
 		if !ok {
-			return errors.New("tunnel not back within 60s of an outage")
+			return nil, errors.New("not back within 60s of an outage")
 		}
 		ds = append(ds, at.Sub(start))
 	}
-	b.addRecovery(fmt.Sprintf("back after %s edge outage", b.o.outage), ds, 2*time.Second)
-	return nil
+	return ds, nil
 }
 
 func (b *bench) addRecovery(name string, ds []time.Duration, target time.Duration) {

@@ -8,6 +8,7 @@
 //	go run ./bench            # the full run, a few minutes
 //	go run ./bench -quick     # a fast, rougher run
 //	go run ./bench -self -window 262144 -profile /tmp/prof -phases get
+//	go run ./bench -frp /tmp/frp -floor  # also frp, and two bare TCP relays
 //
 // It prints a Markdown table on stdout and its progress on stderr.
 package main
@@ -41,6 +42,8 @@ type options struct {
 	keepTemp bool
 	childEnv []string
 	schemes  []string
+	frp      string
+	floor    bool
 }
 
 func main() {
@@ -82,6 +85,8 @@ func parseFlags() options {
 	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
 	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run")
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
+	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
+	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
 	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")
 	childEnv := flag.String("childenv", "", "extra environment for the edge and agent, KEY=VALUE separated by commas (e.g. GOMAXPROCS=1)")
 	flag.Parse()

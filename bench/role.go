@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -18,10 +19,11 @@ import (
 
 // roleEnv names the environment variable under which the bench binary runs
 // as a child edge or agent (with -self): the same packages the ngstone
-// binary runs, plus a CPU profile and a yamux stream window of choice.
+// binary runs, plus a CPU profile and a yamux stream window of choice; and
+// as a relay of the floor (-floor).
 const roleEnv = "NGSTONE_BENCH_ROLE"
 
-// runRole runs the edge or the agent until SIGTERM; it returns the exit code.
+// runRole runs the edge, the agent or a floor relay until SIGTERM; it returns the exit code.
 func runRole(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ExitOnError)
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
@@ -35,6 +37,8 @@ func runRole(role string, args []string) int {
 	caFile := fs.String("ca-file", "", "agent: CA file")
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
+	listen := fs.String("listen", "", "relay: listen address")
+	to := fs.String("to", "", "relay: next hop")
 	fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -70,6 +74,10 @@ func runRole(role string, args []string) int {
 		var a *agent.Agent
 		if a, err = agent.New(cfg, nil); err == nil {
 			err = a.Run(ctx)
+		}
+	case "relay":
+		if err = runRelay(ctx, *listen, *to); errors.Is(err, context.Canceled) {
+			err = nil
 		}
 	default:
 		err = fmt.Errorf("unknown role %q", role)

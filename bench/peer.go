@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+)
+
+// A peer is another way from the visitor to the same backend, measured in
+// the same run as ngstone and the direct connection: frp, the popular Go
+// tunnel #6 compares with (-frp DIR), and the floor, two plain TCP relay
+// processes that copy bytes and nothing else (-floor): what any tunnel of
+// two processes on the path costs on this machine before it does TLS,
+// multiplexing or HTTP.
+type peer struct {
+	name    string
+	procs   []*proc
+	targets map[string]target // by scheme; a scheme the peer lacks is absent
+	// restart, when set, starts the peer's server process (procs[0]) again
+	// after the outage phase killed it.
+	restart func() error
+}
+
+func (p *peer) stop() {
+	for _, pr := range p.procs {
+		pr.stop()
+	}
+}
+
+// cpu is the CPU time of all the peer's processes.
+func (p *peer) cpu() time.Duration {
+	var d time.Duration
+	for _, pr := range p.procs {
+		d += pr.cpu()
+	}
+	return d
+}
+
+// startPeers starts the peers the options ask for and waits until each
+// answers.
+func (b *bench) startPeers() error {
+	if b.o.frp != "" {
+		p, err := b.startFRP(b.o.frp)
+		if err != nil {
+			return err
+		}
+		b.peers = append(b.peers, p)
+	}
+	if b.o.floor {
+		p, err := b.startFloor()
+		if err != nil {
+			return err
+		}
+		b.peers = append(b.peers, p)
+	}
+	return nil
+}
+
+// startFRP runs frps and frpc from dir with their defaults (TLS and yamux
+// between them, as ngstone has) and an HTTP proxy for the backend on frps's
+// vhost listener. frp's HTTPS vhost passes TLS through to the backend, so
+// it has no figure comparable with ngstone's HTTPS rows.
+func (b *bench) startFRP(dir string) (*peer, error) {
+	ctl, vhost := freePort(), freePort()
+	_, ctlPort, _ := net.SplitHostPort(ctl)
+	_, vhostPort, _ := net.SplitHostPort(vhost)
+	_, localPort, _ := net.SplitHostPort(strings.TrimPrefix(b.be.plain.URL, "http://"))
+	const host = "bench.frp.test"
+	files := map[string]string{
+		"frps.toml": fmt.Sprintf("bindAddr = \"127.0.0.1\"\nbindPort = %s\nvhostHTTPPort = %s\nlog.level = \"warn\"\n", ctlPort, vhostPort),
+		"frpc.toml": fmt.Sprintf("serverAddr = \"127.0.0.1\"\nserverPort = %s\nlog.level = \"warn\"\n\n"+
+			"[[proxies]]\nname = \"bench\"\ntype = \"http\"\nlocalIP = \"127.0.0.1\"\nlocalPort = %s\ncustomDomains = [%q]\n",
+			ctlPort, localPort, host),
+	}
+	for name, text := range files {
+		if err := os.WriteFile(filepath.Join(b.dir, name), []byte(text), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	p := &peer{name: "frp", targets: map[string]target{"http": {base: "http://" + vhost, host: host}}}
+	start := func(side string) (*proc, error) {
+		return startProc(side, filepath.Join(dir, side), []string{"-c", filepath.Join(b.dir, side+".toml")},
+			b.o.childEnv, filepath.Join(b.dir, side+".log"))
+	}
+	p.restart = func() error {
+		pr, err := start("frps")
+		if err != nil {
+			return err
+		}
+		p.procs[0] = pr
+		return nil
+	}
+	p.procs = []*proc{nil}
+	if err := p.restart(); err != nil {
+		return nil, err
+	}
+	if waitFor(15*time.Second, func() bool { return canDial(ctl) }) != nil {
+		p.stop()
+		return nil, errors.New("frps did not listen within 15s; see its log with -keep")
+	}
+	pr, err := start("frpc")
+	if err != nil {
+		p.stop()
+		return nil, err
+	}
+	p.procs = append(p.procs, pr)
+	return p, b.waitPeer(p)
+}
+
+func canDial(addr string) bool {
+	c, err := net.DialTimeout("tcp", addr, time.Second)
+	if err == nil {
+		c.Close()
+	}
+	return err == nil
+}
+
+// startFloor chains two relay processes (this binary) in front of the
+// backend's plain and TLS listeners; TLS, for the HTTPS rows, is the
+// backend's own, end to end.
+func (b *bench) startFloor() (*peer, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{name: "floor", targets: map[string]target{}}
+	for _, scheme := range []string{"http", "https"} {
+		d := b.direct(scheme)
+		to := strings.TrimPrefix(d.base, scheme+"://")
+		for i := range 2 {
+			addr := freePort()
+			pr, err := startProc(fmt.Sprintf("relay %s %d", scheme, i+1), self, []string{"-listen", addr, "-to", to},
+				append([]string{roleEnv + "=relay"}, b.o.childEnv...), filepath.Join(b.dir, "relay.log"))
+			if err != nil {
+				p.stop()
+				return nil, err
+			}
+			p.procs = append(p.procs, pr)
+			to = addr
+		}
+		d.base = scheme + "://" + to
+		p.targets[scheme] = d
+	}
+	return p, b.waitPeer(p)
+}
+
+func (b *bench) waitPeer(p *peer) error {
+	for scheme, t := range p.targets {
+		c := t.client(1)
+		_, ok := waitOK(t, c, 15*time.Second, 5*time.Millisecond)
+		c.CloseIdleConnections()
+		if !ok {
+			p.stop()
+			return fmt.Errorf("%s: %s did not answer within 15s; see its log with -keep", p.name, scheme)
+		}
+	}
+	return nil
+}
+
+// runRelay is the floor's relay process: it copies bytes between each
+// accepted connection and a new connection to the next hop, until ctx ends.
+func runRelay(ctx context.Context, listen, to string) error {
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	context.AfterFunc(ctx, func() { ln.Close() })
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return ctx.Err()
+		}
+		go func() {
+			defer c.Close()
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			var wg sync.WaitGroup
+			wg.Go(func() { io.Copy(u, c); u.(*net.TCPConn).CloseWrite() })
+			io.Copy(c, u)
+			c.(*net.TCPConn).CloseWrite()
+			wg.Wait()
+		}()
+	}
+}

@@ -12,14 +12,11 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -48,6 +45,9 @@ type Agent struct {
 	log   *slog.Logger
 	local *url.URL
 	pool  *localPool
+	// upstreamTLS is the TLS configuration of an https:// local service.
+	upstreamTLS *tls.Config
+	failures    localFailures
 	// watchAfter is when an exchange starts watching its stream (the
 	// constant watchAfter; tests shorten it).
 	watchAfter time.Duration
@@ -115,6 +115,9 @@ func (a *Agent) setStatus(f func(*Status)) {
 func (a *Agent) Run(ctx context.Context) error {
 	tc, err := a.tlsConfig()
 	if err != nil {
+		return err
+	}
+	if err := a.loadUpstreamCA(); err != nil {
 		return err
 	}
 	defer a.pool.CloseIdleConnections()
@@ -189,13 +192,9 @@ func (a *Agent) tlsConfig() (*tls.Config, error) {
 		RootCAs:            a.cfg.RootCAs,
 	}
 	if tc.RootCAs == nil && a.cfg.CAFile != "" {
-		pem, err := os.ReadFile(a.cfg.CAFile)
+		pool, err := readCAFile("ca-file", a.cfg.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("ca-file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ca-file %s: no PEM certificate in it", a.cfg.CAFile)
+			return nil, err
 		}
 		tc.RootCAs = pool
 	}

@@ -43,6 +43,12 @@ type Config struct {
 	// UpstreamDialTimeout bounds a connection to the local service
 	// (502 upstream_unreachable). Zero means 5s.
 	UpstreamDialTimeout time.Duration
+	// UpstreamCAFile is a PEM bundle trusted for an https:// local
+	// service's certificate; empty means the system roots.
+	UpstreamCAFile string
+	// UpstreamInsecure skips verification of an https:// local service's
+	// certificate (a development server's self-signed one).
+	UpstreamInsecure bool
 	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
 	HeartbeatInterval time.Duration
 	// HeartbeatTimeout: with no answer to heartbeats for this long the
@@ -109,8 +115,17 @@ func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Edge); err != nil {
 		return fmt.Errorf("edge %q: want HOST:PORT", c.Edge)
 	}
-	if _, err := ParseLocal(c.Local); err != nil {
+	local, err := ParseLocal(c.Local)
+	if err != nil {
 		return err
+	}
+	if local.Scheme != "https" {
+		switch {
+		case c.UpstreamCAFile != "":
+			return fmt.Errorf("upstream-ca-file: the local service %s is not https://", local)
+		case c.UpstreamInsecure:
+			return fmt.Errorf("upstream-insecure: the local service %s is not https://", local)
+		}
 	}
 	if c.Subdomain != "" {
 		if err := registry.ValidateSubdomain(c.Subdomain, nil); err != nil {

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"bufio"
+	"encoding/pem"
 	"errors"
 	"io"
 	"log"
@@ -9,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,12 +26,23 @@ import (
 // below play the edge over a loopback TCP connection per exchange.
 func relayAgent(t *testing.T, local string) *Agent {
 	t.Helper()
+	return relayAgentWith(t, local, Config{}, slog.New(slog.DiscardHandler))
+}
+
+// relayAgentWith is relayAgent with the upstream settings of cfg and a
+// logger.
+func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *Agent {
+	t.Helper()
 	u, err := ParseLocal(local)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Agent{cfg: Config{UpstreamTimeout: 5 * time.Second, UpstreamDialTimeout: 5 * time.Second}.withDefaults(), log: slog.New(slog.DiscardHandler), local: u}
+	cfg.UpstreamTimeout, cfg.UpstreamDialTimeout = 5*time.Second, 5*time.Second
+	a := &Agent{cfg: cfg.withDefaults(), log: log, local: u}
 	a.pool = a.newPool()
+	if err := a.loadUpstreamCA(); err != nil {
+		t.Fatal(err)
+	}
 	a.watchAfter = watchAfter
 	a.pool.maxIdle = 4
 	a.pool.probeIdle = time.Hour
@@ -463,16 +477,77 @@ func TestRelayLocalErrors(t *testing.T) {
 
 // TestRelayHTTPSLocal: an https:// local service is reached over TLS and
 // its certificate checked against the system's roots, so a self-signed
-// one is refused with 502 upstream_unreachable.
+// one is refused with 502 upstream_unreachable and a warning that names
+// the two ways out; --upstream-ca-file with its CA, or --upstream-insecure,
+// let requests through.
 func TestRelayHTTPSLocal(t *testing.T) {
 	var got atomic.Int32
-	s := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { got.Add(1) }))
+	s := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got.Add(1)
+		io.WriteString(w, "secure")
+	}))
 	t.Cleanup(s.Close)
 	s.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshake
-	resp, body := do(t, relayAgent(t, s.URL), "GET", "")
+
+	var logs strings.Builder
+	resp, body := do(t, relayAgentWith(t, s.URL, Config{}, slog.New(slog.NewTextHandler(&logs, nil))), "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
 	if got.Load() != 0 {
 		t.Error("the request reached a local service whose certificate is not trusted")
+	}
+	for _, want := range []string{"level=WARN", "request to the local service failed", "--upstream-ca-file", "--upstream-insecure"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log %q lacks %q", logs.String(), want)
+		}
+	}
+
+	caFile := filepath.Join(t.TempDir(), "local-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: s.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, cfg := range map[string]Config{
+		"upstream CA file":  {UpstreamCAFile: caFile},
+		"upstream insecure": {UpstreamInsecure: true},
+	} {
+		resp, body := do(t, relayAgentWith(t, s.URL, cfg, slog.New(slog.DiscardHandler)), "GET", "")
+		if resp.StatusCode != 200 || body != "secure" {
+			t.Errorf("%s: %d %q, want 200 secure", name, resp.StatusCode, body)
+		}
+	}
+	if got.Load() != 2 {
+		t.Errorf("the local service served %d requests, want 2", got.Load())
+	}
+}
+
+// TestLocalFailureWarnings: a local service that refuses connections is
+// reported as a warning with a hint, at most once every localWarnEvery;
+// the next warning counts the failures in between.
+func TestLocalFailureWarnings(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var logs strings.Builder
+	a := relayAgentWith(t, addr, Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	for range 3 {
+		resp, body := do(t, a, "GET", "")
+		wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
+	}
+	if n := strings.Count(logs.String(), "level=WARN"); n != 1 {
+		t.Fatalf("%d warnings for 3 failures within %s, want 1:\n%s", n, localWarnEvery, logs.String())
+	}
+	if want := "is the local service running?"; !strings.Contains(logs.String(), want) {
+		t.Errorf("log %q lacks %q", logs.String(), want)
+	}
+	a.failures.mu.Lock()
+	a.failures.last = a.failures.last.Add(-localWarnEvery)
+	a.failures.mu.Unlock()
+	logs.Reset()
+	do(t, a, "GET", "")
+	if want := "failures_not_logged=2"; !strings.Contains(logs.String(), want) {
+		t.Errorf("log %q lacks %q", logs.String(), want)
 	}
 }
 

@@ -404,7 +404,7 @@ func (x *relay) failed(req *head, out *outBuf, err error) {
 		return
 	}
 	code := upstreamCode(err)
-	x.a.log.Debug("local service request failed", "code", code, "local", x.a.local.String(), "err", err)
+	x.a.localFailed(code, err)
 	out.buf = mux.AppendVisitorError(out.buf[:0], code, string(req.host()))
 	out.flush()
 	if x.end() {

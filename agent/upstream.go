@@ -3,20 +3,30 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
 	"net"
 	"net/url"
+	"os"
+	"sync"
+	"syscall"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // newPool returns the pool of connections to the local service: plain TCP
-// for http://, TLS (HTTP/1.1, the local certificate verified against the
-// system's roots) for https://.
+// for http://, TLS (HTTP/1.1) for https://, the local certificate verified
+// against the system's roots, the roots of --upstream-ca-file once Run has
+// read it (loadUpstreamCA), or not at all with --upstream-insecure.
 func (a *Agent) newPool() *localPool {
 	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	addr := hostPort(a.local)
 	dial := func() (net.Conn, error) { return dialer.Dial("tcp", addr) }
 	if a.local.Scheme == "https" {
-		td := &tls.Dialer{NetDialer: dialer, Config: &tls.Config{ServerName: a.local.Hostname()}}
+		a.upstreamTLS = &tls.Config{ServerName: a.local.Hostname(), InsecureSkipVerify: a.cfg.UpstreamInsecure}
+		td := &tls.Dialer{NetDialer: dialer, Config: a.upstreamTLS}
 		dial = func() (net.Conn, error) { return td.DialContext(context.Background(), "tcp", addr) }
 	}
 	return &localPool{
@@ -36,4 +46,81 @@ func hostPort(u *url.URL) string {
 		return net.JoinHostPort(u.Hostname(), "443")
 	}
 	return net.JoinHostPort(u.Hostname(), "80")
+}
+
+// loadUpstreamCA reads --upstream-ca-file into the local service's TLS
+// configuration, before any connection to it.
+func (a *Agent) loadUpstreamCA() error {
+	if a.upstreamTLS == nil || a.cfg.UpstreamCAFile == "" {
+		return nil
+	}
+	pool, err := readCAFile("upstream-ca-file", a.cfg.UpstreamCAFile)
+	if err != nil {
+		return err
+	}
+	a.upstreamTLS.RootCAs = pool
+	return nil
+}
+
+// readCAFile reads a PEM bundle of CA certificates; flag names the setting
+// in errors.
+func readCAFile(flag, path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", flag, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s %s: no PEM certificate in it", flag, path)
+	}
+	return pool, nil
+}
+
+// localWarnEvery bounds how often failed requests to the local service are
+// logged as warnings; the ones in between are counted in the next.
+const localWarnEvery = 10 * time.Second
+
+// localFailures rate-limits the warnings of failed local requests.
+type localFailures struct {
+	mu     sync.Mutex
+	last   time.Time
+	unsaid int
+}
+
+// localFailed logs a request the local service failed, as a warning with a
+// hint at the likely fix, at most once every localWarnEvery.
+func (a *Agent) localFailed(code string, err error) {
+	f := &a.failures
+	f.mu.Lock()
+	now := time.Now()
+	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
+		f.unsaid++
+		f.mu.Unlock()
+		return
+	}
+	unsaid := f.unsaid
+	f.last, f.unsaid = now, 0
+	f.mu.Unlock()
+	args := []any{"code", code, "local", a.local.String(), "err", err}
+	if hint := localHint(a.local, err); hint != "" {
+		args = append(args, "hint", hint)
+	}
+	if unsaid > 0 {
+		args = append(args, "failures_not_logged", unsaid)
+	}
+	a.log.Warn("request to the local service failed", args...)
+}
+
+// localHint says what to do about a failed request to the local service.
+func localHint(local *url.URL, err error) string {
+	var cert *tls.CertificateVerificationError
+	switch {
+	case errors.As(err, &cert):
+		return "the local service's certificate is not trusted: give its CA with --upstream-ca-file, or skip the check with --upstream-insecure"
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "nothing accepts connections at " + hostPort(local) + ": is the local service running?"
+	case upstreamCode(err) == mux.CodeUpstreamTimeout:
+		return "the local service sent no response headers within --upstream-timeout"
+	}
+	return ""
 }

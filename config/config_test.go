@@ -170,8 +170,28 @@ func TestAgentLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Edge != "edge.example:4443" || cfg.Subdomain != "myapp" || cfg.Token != "s3cret" || !cfg.Insecure ||
-		cfg.UpstreamTimeout != 5*time.Second || cfg.HeartbeatInterval != 2*time.Second || cfg.HeartbeatTimeout != 45*time.Second || cfg.Local != "3000" {
+		cfg.UpstreamTimeout != 5*time.Second || cfg.HeartbeatInterval != 2*time.Second || cfg.HeartbeatTimeout != 45*time.Second || cfg.Local != "3000" ||
+		cfg.UpstreamCAFile != "" || cfg.UpstreamInsecure {
 		t.Fatalf("agent config: %+v", cfg)
+	}
+}
+
+// TestAgentUpstreamTLS: the https:// local service's trust settings come
+// from flags, the environment and the file like every other.
+func TestAgentUpstreamTLS(t *testing.T) {
+	t.Setenv("NGSTONE_UPSTREAM_INSECURE", "true")
+	file := writeFile(t, "edge: edge.example:4443\nupstream-ca-file: /etc/dev-ca.pem\n")
+	fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+	c := config.NewAgent(fs)
+	if err := fs.Parse([]string{"--config", file}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load("https://localhost:8443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.UpstreamCAFile != "/etc/dev-ca.pem" || !cfg.UpstreamInsecure {
+		t.Fatalf("upstream TLS: ca file %q, insecure %v", cfg.UpstreamCAFile, cfg.UpstreamInsecure)
 	}
 }
 
@@ -186,6 +206,8 @@ func TestAgentErrors(t *testing.T) {
 		{"bad subdomain", "3000", []string{"--subdomain", "-x"}, "subdomain"},
 		{"heartbeat order", "3000", []string{"--heartbeat-interval", "10s", "--heartbeat-timeout", "5s"}, "heartbeat-timeout"},
 		{"zero heartbeat", "3000", []string{"--heartbeat-interval", "0s"}, "heartbeat-interval 0"},
+		{"upstream CA for plain http", "3000", []string{"--upstream-ca-file", "ca.pem"}, "upstream-ca-file: the local service http://localhost:3000 is not https://"},
+		{"upstream insecure for plain http", "http://localhost:3000", []string{"--upstream-insecure"}, "upstream-insecure: the local service http://localhost:3000 is not https://"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -171,13 +171,21 @@ func runRelay(ctx context.Context, listen, to string) error {
 	if err != nil {
 		return err
 	}
+	return relay(ctx, ln, to)
+}
+
+// relay serves ln until ctx ends, then returns ctx's error once every
+// connection it accepted has ended.
+func relay(ctx context.Context, ln net.Listener, to string) error {
 	context.AfterFunc(ctx, func() { ln.Close() })
+	var conns sync.WaitGroup
+	defer conns.Wait()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return ctx.Err()
 		}
-		go func() {
+		conns.Go(func() {
 			defer c.Close()
 			u, err := net.Dial("tcp", to)
 			if err != nil {
@@ -189,6 +197,6 @@ func runRelay(ctx context.Context, listen, to string) error {
 			io.Copy(c, u)
 			c.(*net.TCPConn).CloseWrite()
 			wg.Wait()
-		}()
+		})
 	}
 }

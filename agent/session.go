@@ -10,8 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
+	"github.com/ngstone/ngstone/internal/yamux"
 	"github.com/ngstone/ngstone/mux"
 )
 

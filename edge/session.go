@@ -11,8 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
+	"github.com/ngstone/ngstone/internal/yamux"
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
 )

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
+	"github.com/ngstone/ngstone/internal/yamux"
 )
 
 // tcpPair returns both ends of a loopback TCP connection.

@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/hashicorp/yamux"
+	"github.com/ngstone/ngstone/internal/yamux"
 )
 
 // Config is the yamux tuning both sides share.

@@ -10,7 +10,10 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// RawSession is a hand-driven agent session for protocol-level tests.
+// RawSession is a hand-driven agent session for protocol-level tests. It
+// runs the upstream yamux module, not ngstone's copy in internal/yamux, so
+// that every test with a raw agent also checks that an edge speaks
+// upstream's protocol.
 type RawSession struct {
 	YS   *yamux.Session
 	Ctrl *yamux.Stream

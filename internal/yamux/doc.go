@@ -1,0 +1,17 @@
+// Package yamux is github.com/hashicorp/yamux v0.1.2, the multiplexer
+// DESIGN.md names, copied here under its licence (MPL-2.0, LICENSE in this
+// directory) with one change in stream.go: a stream's receive buffer
+// (recvBuffer) never grows past the stream's window.
+//
+// Upstream keeps received data in a bytes.Buffer filled by io.Copy. That
+// buffer doubles whenever a frame fills it exactly, and when the reader lags
+// it grows to about twice the window, leaving each smaller buffer behind as
+// garbage. With ngstone's 1 MiB window that was 2 MiB of heap per busy
+// stream and the garbage on the way, which put the edge's peak memory under
+// a 64 MiB transfer over 30 MiB (BENCHMARKS.md, fourth round).
+//
+// The wire protocol is untouched: the tests in internal/tunneltest and
+// TestInteropUpstream run this package against the upstream module. Keep
+// the change small, so that upstream releases can be merged in by diffing
+// against v0.1.2.
+package yamux

@@ -21,6 +21,14 @@ const batchSize = 256 << 10
 // Room for the TLS overhead of a full coalesced buffer too.
 var batchBufs = sync.Pool{New: func() any { b := make([]byte, batchSize, batchSize+16<<10); return &b }}
 
+// corkSmall is the buffer corked writes gather in first: room for the
+// records of a small response or a few frames. Most corked writes are a
+// few hundred bytes, and a busy edge corks many connections at once; the
+// records move to a batch buffer only when they outgrow it.
+const corkSmall = 32 << 10
+
+var corkBufs = sync.Pool{New: func() any { b := make([]byte, 0, corkSmall); return &b }}
+
 // Batched wraps the socket of a session's TLS connection:
 // tls.Client(Batched(tcp), cfg) or tls.Server(Batched(tcp), cfg). Coalesce,
 // given that TLS connection, gathers the records of each buffer it writes.
@@ -83,20 +91,46 @@ func (c *batchedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.corked {
-		*c.wbuf = append(*c.wbuf, p...)
+		c.gather(p)
 		return len(p), nil
 	}
 	return c.Conn.Write(p)
+}
+
+// gather appends p to the corked writes, in a small buffer until they
+// outgrow it, then in a batch buffer.
+func (c *batchedConn) gather(p []byte) {
+	switch {
+	case c.wbuf == nil && len(p) <= corkSmall:
+		c.wbuf = corkBufs.Get().(*[]byte)
+	case c.wbuf == nil:
+		c.wbuf = batchBufs.Get().(*[]byte)
+		*c.wbuf = (*c.wbuf)[:0]
+	case cap(*c.wbuf) == corkSmall && len(*c.wbuf)+len(p) > corkSmall:
+		large := batchBufs.Get().(*[]byte)
+		*large = append((*large)[:0], *c.wbuf...)
+		putCorked(c.wbuf)
+		c.wbuf = large
+	}
+	*c.wbuf = append(*c.wbuf, p...)
+}
+
+// putCorked returns a buffer of corked writes to its pool.
+func putCorked(b *[]byte) {
+	switch {
+	case cap(*b) == corkSmall:
+		*b = (*b)[:0]
+		corkBufs.Put(b)
+	case cap(*b) <= 2*batchSize:
+		*b = (*b)[:batchSize]
+		batchBufs.Put(b)
+	}
 }
 
 // cork starts gathering writes.
 func (c *batchedConn) cork() {
 	c.mu.Lock()
 	c.corked = true
-	if c.wbuf == nil {
-		c.wbuf = batchBufs.Get().(*[]byte)
-		*c.wbuf = (*c.wbuf)[:0]
-	}
 	c.mu.Unlock()
 }
 
@@ -108,14 +142,11 @@ func (c *batchedConn) uncork() error {
 	c.corked = false
 	b := c.wbuf
 	c.wbuf = nil
-	var err error
-	if len(*b) > 0 {
-		_, err = c.Conn.Write(*b)
+	if b == nil {
+		return nil
 	}
-	if cap(*b) <= 2*batchSize {
-		*b = (*b)[:batchSize]
-		batchBufs.Put(b)
-	}
+	_, err := c.Conn.Write(*b)
+	putCorked(b)
 	return err
 }
 

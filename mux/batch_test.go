@@ -67,6 +67,9 @@ func TestBatchedWritesPassThroughUncorked(t *testing.T) {
 	bc.cork()
 	bc.Write([]byte("gathered "))
 	bc.Write([]byte("records"))
+	if c := cap(*bc.wbuf); c != corkSmall {
+		t.Errorf("two small corked writes gather in a %d-byte buffer, want the %d-byte one", c, corkSmall)
+	}
 	server.SetReadDeadline(time.Now().Add(5 * time.Second))
 	p := make([]byte, 64)
 	n, _ := io.ReadAtLeast(server, p, len("direct "))

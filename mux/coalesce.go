@@ -220,29 +220,44 @@ func (c *coalescedConn) breakFlush() {
 	c.Conn.Close()
 }
 
-// Buffers come in two sizes, so that neither a session sending a few
+// Buffers come in three sizes, so that neither a session sending a few
 // frames holds a large one nor one streaming a body grows a small one step
-// by step (each step garbage).
-const smallCoalesce = 8 << 10
-
-var (
-	smallBufs = sync.Pool{New: func() any { b := make([]byte, 0, smallCoalesce); return &b }}
-	largeBufs = sync.Pool{New: func() any { b := make([]byte, 0, maxCoalesce); return &b }}
+// by step (each step garbage). The middle size holds what a busy session
+// queues behind a write, dozens of small responses; without it each such
+// queue took a large buffer.
+const (
+	smallCoalesce  = 8 << 10
+	mediumCoalesce = 64 << 10
 )
 
-// appendLocked appends p to the buffer, moving to a large buffer when a
-// small one is full.
+var (
+	smallBufs  = sync.Pool{New: func() any { b := make([]byte, 0, smallCoalesce); return &b }}
+	mediumBufs = sync.Pool{New: func() any { b := make([]byte, 0, mediumCoalesce); return &b }}
+	largeBufs  = sync.Pool{New: func() any { b := make([]byte, 0, maxCoalesce); return &b }}
+)
+
+// appendLocked appends p to the buffer, moving to the next size up when
+// the buffer is full.
 func (c *coalescedConn) appendLocked(p []byte) {
-	switch {
-	case c.buf == nil && len(p) > smallCoalesce:
-		c.buf = largeBufs.Get().(*[]byte)
-	case c.buf == nil:
-		c.buf = smallBufs.Get().(*[]byte)
-	case cap(*c.buf) == smallCoalesce && len(*c.buf)+len(p) > smallCoalesce:
-		large := largeBufs.Get().(*[]byte)
-		*large = append(*large, *c.buf...)
-		putBuf(c.buf)
-		c.buf = large
+	need := len(p)
+	if c.buf != nil {
+		need += len(*c.buf)
+	}
+	if c.buf == nil || need > cap(*c.buf) {
+		var next *[]byte
+		switch {
+		case need <= smallCoalesce:
+			next = smallBufs.Get().(*[]byte)
+		case need <= mediumCoalesce:
+			next = mediumBufs.Get().(*[]byte)
+		default:
+			next = largeBufs.Get().(*[]byte)
+		}
+		if c.buf != nil {
+			*next = append(*next, *c.buf...)
+			putBuf(c.buf)
+		}
+		c.buf = next
 	}
 	*c.buf = append(*c.buf, p...)
 }
@@ -254,6 +269,8 @@ func putBuf(b *[]byte) {
 	switch cap(*b) {
 	case smallCoalesce:
 		smallBufs.Put(b)
+	case mediumCoalesce:
+		mediumBufs.Put(b)
 	case maxCoalesce:
 		largeBufs.Put(b)
 	}

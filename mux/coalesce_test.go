@@ -88,6 +88,33 @@ func TestCoalesceKeepsOrderAndFlushesOnClose(t *testing.T) {
 	}
 }
 
+// TestCoalesceBufferSizes: the buffer is always the smallest of the three
+// sizes that holds what is queued, and keeps every byte in order as it
+// moves up.
+func TestCoalesceBufferSizes(t *testing.T) {
+	c := &coalescedConn{}
+	var want []byte
+	for i, n := range []int{100, 8000, 100, 30000, 40000, 200, 150000, 100} {
+		p := bytes.Repeat([]byte{byte(i + 1)}, n)
+		c.appendLocked(p)
+		want = append(want, p...)
+		size := maxCoalesce
+		switch {
+		case len(want) <= smallCoalesce:
+			size = smallCoalesce
+		case len(want) <= mediumCoalesce:
+			size = mediumCoalesce
+		}
+		if cap(*c.buf) != size {
+			t.Fatalf("%d bytes queued in a %d-byte buffer, want %d", len(want), cap(*c.buf), size)
+		}
+	}
+	if !bytes.Equal(*c.buf, want) {
+		t.Fatal("the queued bytes changed as the buffer moved up")
+	}
+	putBuf(c.buf)
+}
+
 func TestCoalesceHoldsHeaderForItsBody(t *testing.T) {
 	client, server := tcpPair(t)
 	c := Coalesce(client)

@@ -14,11 +14,11 @@ import (
 )
 
 // A peer is another way from the visitor to the same backend, measured in
-// the same run as ngstone and the direct connection: frp, the popular Go
-// tunnel #6 compares with (-frp DIR), and the floor, two plain TCP relay
-// processes that copy bytes and nothing else (-floor): what any tunnel of
-// two processes on the path costs on this machine before it does TLS,
-// multiplexing or HTTP.
+// the same run as ngstone and the direct connection: frp, a popular Go
+// tunnel of the kind #6 compares with (-frp DIR), and the floor, two plain
+// TCP relay processes that copy bytes and nothing else (-floor): what any
+// tunnel of two processes on the path costs on this machine before it does
+// TLS, multiplexing or HTTP.
 type peer struct {
 	name    string
 	procs   []*proc

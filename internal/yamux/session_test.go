@@ -967,7 +967,13 @@ func TestHalfCloseSessionShutdown(t *testing.T) {
 
 	buf := make([]byte, dataSize)
 	n, err := stream2.Read(buf)
-	if err != nil {
+	// ngstone: the read may return, with all the data, the error of the
+	// window update it then sends to a peer whose connection is closed
+	// (connection reset, broken pipe). The data has still arrived, which is
+	// what this test is about; upstream's version failed on that race in
+	// about one run in ten under the race detector.
+	var opErr *net.OpError
+	if err != nil && !errors.As(err, &opErr) {
 		t.Fatalf("err: %v", err)
 	}
 	if int64(n) != dataSize {

@@ -161,7 +161,7 @@ func (a *Agent) wait(ctx context.Context, d time.Duration, n int, cause error) e
 	a.setStatus(func(s *Status) {
 		s.State, s.Attempt, s.NextRetry, s.Err = StateReconnecting, n, next, cause
 	})
-	a.log.Info("reconnecting", "attempt", n, "in", d.Round(time.Millisecond), "cause", errString(cause))
+	a.log.Info("reconnecting", "attempt", n, "in", d.Round(time.Millisecond), "cause", ErrText(cause))
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -172,7 +172,9 @@ func (a *Agent) wait(ctx context.Context, d time.Duration, n int, cause error) e
 	}
 }
 
-func errString(err error) string {
+// ErrText is err's text, or "" for nil: a log attribute that reads the
+// same in text and JSON logs when there is no error.
+func ErrText(err error) string {
 	if err == nil {
 		return ""
 	}

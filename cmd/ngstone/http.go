@@ -157,7 +157,7 @@ func (p *statusPrinter) update(s agent.Status) {
 	if p.tty {
 		p.block(s)
 	} else {
-		p.log.Info("status", "state", string(s.State), "url", s.URL, "attempt", s.Attempt, "err", errText(s.Err))
+		p.log.Info("status", "state", string(s.State), "url", s.URL, "attempt", s.Attempt, "err", agent.ErrText(s.Err))
 	}
 	if s.State == agent.StateOnline {
 		for _, u := range s.URLs {
@@ -190,11 +190,4 @@ func stateLine(s agent.Status) string {
 		return fmt.Sprintf("online (session %d, generation %d)", s.SessionID, s.Generation)
 	}
 	return string(s.State)
-}
-
-func errText(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
 }

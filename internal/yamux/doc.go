@@ -11,7 +11,9 @@
 // a 64 MiB transfer over 30 MiB (BENCHMARKS.md, fourth round).
 //
 // The wire protocol is untouched: the tests in internal/tunneltest and
-// TestInteropUpstream run this package against the upstream module. Keep
-// the change small, so that upstream releases can be merged in by diffing
-// against v0.1.2.
+// TestInteropUpstream run this package against the upstream module.
+// Upstream's tests come along; one, TestHalfCloseSessionShutdown, accepts
+// a network error that a read returns together with its data (a comment
+// there says why). Keep the changes small, so that upstream releases can
+// be merged in by diffing against v0.1.2.
 package yamux

@@ -102,7 +102,7 @@ func (a *Agent) localFailed(code string, err error) {
 	f.last, f.unsaid = now, 0
 	f.mu.Unlock()
 	args := []any{"code", code, "local", a.local.String(), "err", err}
-	if hint := localHint(a.local, err); hint != "" {
+	if hint := localHint(a.local, code, err); hint != "" {
 		args = append(args, "hint", hint)
 	}
 	if unsaid > 0 {
@@ -111,15 +111,16 @@ func (a *Agent) localFailed(code string, err error) {
 	a.log.Warn("request to the local service failed", args...)
 }
 
-// localHint says what to do about a failed request to the local service.
-func localHint(local *url.URL, err error) string {
+// localHint says what to do about a request to the local service that
+// failed with err (visitor error code code).
+func localHint(local *url.URL, code string, err error) string {
 	var cert *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &cert):
 		return "the local service's certificate is not trusted: give its CA with --upstream-ca-file, or skip the check with --upstream-insecure"
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "nothing accepts connections at " + hostPort(local) + ": is the local service running?"
-	case upstreamCode(err) == mux.CodeUpstreamTimeout:
+	case code == mux.CodeUpstreamTimeout:
 		return "the local service sent no response headers within --upstream-timeout"
 	}
 	return ""

@@ -258,26 +258,17 @@ func (b *bench) smallGETs() error {
 			if t.n == 0 || d.n == 0 {
 				return fmt.Errorf("%s c=%d: no successful request (tunnel errors %d, direct errors %d)", scheme, c, t.errs, d.errs)
 			}
-			ratio := t.rps() / d.rps()
-			r := row{name: fmt.Sprintf("GET %s c=%d req/s", strings.ToUpper(scheme), c),
-				direct: fmt.Sprintf("%.0f", d.rps()), tunnel: fmt.Sprintf("%.0f", t.rps()), ratio: pct(ratio)}
+			rate, p50 := loadRows(fmt.Sprintf("GET %s c=%d", strings.ToUpper(scheme), c), d, t)
+			ratio, added := t.rps()/d.rps(), t.p50-d.p50
 			switch c {
 			case 1:
-				r.target, r.verdict = "≥ 30%", verdict(ratio >= 0.30)
+				rate.target, rate.verdict = "≥ 30%", verdict(ratio >= 0.30)
+				p50.target, p50.verdict = "≤ +0.150 ms", verdict(added <= 150*time.Microsecond)
 			case 16:
-				r.target, r.verdict = "≥ 35%", verdict(ratio >= 0.35)
+				rate.target, rate.verdict = "≥ 35%", verdict(ratio >= 0.35)
 			}
-			if t.errs > 0 {
-				r.tunnel += fmt.Sprintf(" (%d errors)", t.errs)
-			}
-			b.add(r)
-			added := t.p50 - d.p50
-			r = row{name: fmt.Sprintf("GET %s c=%d p50", strings.ToUpper(scheme), c), direct: ms(d.p50), tunnel: ms(t.p50),
-				ratio: "+" + ms(added)}
-			if c == 1 {
-				r.target, r.verdict = "≤ +0.150 ms", verdict(added <= 150*time.Microsecond)
-			}
-			b.add(r)
+			b.add(rate)
+			b.add(p50)
 			b.add(row{name: fmt.Sprintf("GET %s c=%d p99", strings.ToUpper(scheme), c), direct: ms(d.p99), tunnel: ms(t.p99),
 				ratio: "+" + ms(t.p99-d.p99)})
 			if c == 16 {
@@ -292,6 +283,16 @@ func (b *bench) smallGETs() error {
 		}
 	}
 	return nil
+}
+
+// loadRows are the req/s and p50 rows of t against the direct run d.
+func loadRows(name string, d, t loadResult) (rate, p50 row) {
+	rate = row{name: name + " req/s", direct: fmt.Sprintf("%.0f", d.rps()), tunnel: fmt.Sprintf("%.0f", t.rps()), ratio: pct(t.rps() / d.rps())}
+	if t.errs > 0 {
+		rate.tunnel += fmt.Sprintf(" (%d errors)", t.errs)
+	}
+	p50 = row{name: name + " p50", direct: ms(d.p50), tunnel: ms(t.p50), ratio: "+" + ms(t.p50-d.p50)}
+	return rate, p50
 }
 
 func per10k(cpu time.Duration, n int) string {
@@ -311,13 +312,9 @@ func (b *bench) peerGETs(p *peer, scheme string, c int, d loadResult) error {
 	if t.n == 0 {
 		return fmt.Errorf("%s %s c=%d: no successful request (%d errors)", p.name, scheme, c, t.errs)
 	}
-	name := fmt.Sprintf("%s: GET %s c=%d", p.name, strings.ToUpper(scheme), c)
-	r := row{name: name + " req/s", direct: fmt.Sprintf("%.0f", d.rps()), tunnel: fmt.Sprintf("%.0f", t.rps()), ratio: pct(t.rps() / d.rps())}
-	if t.errs > 0 {
-		r.tunnel += fmt.Sprintf(" (%d errors)", t.errs)
-	}
-	b.add(r)
-	b.add(row{name: name + " p50", direct: ms(d.p50), tunnel: ms(t.p50), ratio: "+" + ms(t.p50-d.p50)})
+	rate, p50 := loadRows(fmt.Sprintf("%s: GET %s c=%d", p.name, strings.ToUpper(scheme), c), d, t)
+	b.add(rate)
+	b.add(p50)
 	if c == 16 {
 		b.add(row{name: fmt.Sprintf("%s: CPU per 10k GETs, all its processes (%s c=16)", p.name, strings.ToUpper(scheme)), tunnel: per10k(cpu, t.n)})
 	}

@@ -60,9 +60,16 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	if e.isClosing() {
 		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"}
 	}
-	if max := s.policy.MaxBindings; max > 0 && e.tokenBindings(s.policy, s.instanceID, host) >= max {
-		return &mux.BindError{Subdomain: name, Code: mux.CodeLimitExceeded,
-			Message: fmt.Sprintf("this token is limited to %d tunnels; stop one first", max)}
+	if max := s.policy.MaxBindings; max > 0 {
+		n, err := e.tokenBindings(ctx, s, host)
+		if err != nil {
+			s.log.Error("bind failed: counting the token's tunnels", "hostname", host, "err", err)
+			return &mux.BindError{Subdomain: name, Code: mux.CodeUnavailable, Message: "the edge could not read the registry; retrying"}
+		}
+		if n >= max {
+			return &mux.BindError{Subdomain: name, Code: mux.CodeLimitExceeded,
+				Message: fmt.Sprintf("this token is limited to %d tunnels; stop one first", max)}
+		}
 	}
 	if !exclusive {
 		e.reapStaleHolder(host)
@@ -127,23 +134,20 @@ func first(s []string) string {
 	return s[0]
 }
 
-// tokenBindings counts the hostnames bound with policy, leaving out host
-// when instance already holds it (a takeover does not add a tunnel).
-func (e *Edge) tokenBindings(policy *TokenPolicy, instance, host string) int {
-	e.mu.Lock()
-	sessions := e.sessionListLocked()
-	e.mu.Unlock()
-	seen := map[string]bool{}
-	for _, o := range sessions {
-		if o.policy != policy {
-			continue
-		}
-		for h := range o.snapshot() {
-			if h == host && o.instanceID == instance {
-				continue
-			}
-			seen[h] = true
+// tokenBindings counts the hostnames bound with s's token, leaving out
+// host when s's instance already holds it (a takeover does not add a
+// tunnel). It counts the registry's bindings: in a cluster, those of every
+// edge, so a token's limit holds across the cluster.
+func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int, error) {
+	bs, err := e.store.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, b := range bs {
+		if b.TokenID == s.tokenID && (b.Hostname != host || b.InstanceID != s.instanceID) {
+			n++
 		}
 	}
-	return len(seen)
+	return n, nil
 }

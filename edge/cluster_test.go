@@ -421,3 +421,26 @@ func TestClusterStreams(t *testing.T) {
 
 	tunneltest.UpgradeRoundTrip(t, b.Addr("http").String(), "live")
 }
+
+// TestClusterTokenBindingLimit: a token's max_bindings counts its tunnels
+// on every edge of the cluster, not only those of the edge it binds
+// through; a takeover of its own name still does not count twice.
+func TestClusterTokenBindingLimit(t *testing.T) {
+	c := newTestCluster(t)
+	limit := func(cfg *edge.Config) { cfg.TokenPolicies = []edge.TokenPolicy{{Token: "one", MaxBindings: 1}} }
+	a := c.start("a", nil, limit)
+	b := c.start("b", nil, limit)
+	first := hello("one")
+	r, _ := a.DialRaw(t, first)
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: "first"}).(*mux.BindOK); !ok {
+		t.Fatalf("first bind on edge a: %v", m)
+	}
+	if code := bindCode(t, b.Edge, "one", "second"); code != mux.CodeLimitExceeded {
+		t.Fatalf("second tunnel of a token limited to one, through edge b: %s, want %s", code, mux.CodeLimitExceeded)
+	}
+	// The same instance taking its name over through edge b: still one.
+	r2, _ := b.DialRaw(t, first)
+	if m, ok := r2.Bind(t, &mux.Bind{Subdomain: "first", Takeover: true}).(*mux.BindOK); !ok {
+		t.Fatalf("takeover of its own name through edge b: %v", m)
+	}
+}

@@ -18,8 +18,9 @@ type Tunnel struct {
 	InstanceID string `json:"instance_id"`
 	SessionID  uint64 `json:"session_id"`
 	// Node is the edge holding the session, in a cluster. Online,
-	// LastHeartbeat and RemoteAddr are measured there: this edge reports
-	// them only for its own sessions.
+	// LastHeartbeat and RemoteAddr are measured there, when asked: another
+	// edge asks it over the cluster link, and reports its tunnels offline
+	// if it does not answer.
 	Node          string    `json:"node,omitempty"`
 	Generation    uint64    `json:"generation"`
 	Online        bool      `json:"online"`
@@ -88,7 +89,7 @@ func (e *Edge) getTunnel(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel " + host})
 		return
 	}
-	writeJSON(w, http.StatusOK, e.tunnel(b, time.Now()))
+	writeJSON(w, http.StatusOK, e.tunnel(b, time.Now(), e.remoteSessions(r.Context(), []registry.Binding{b})))
 }
 
 // Tunnels returns the admin view of every binding, computed now.
@@ -97,26 +98,34 @@ func (e *Edge) Tunnels(ctx context.Context) ([]Tunnel, error) {
 	if err != nil {
 		return nil, err
 	}
+	remote := e.remoteSessions(ctx, bs)
 	out := make([]Tunnel, 0, len(bs))
 	now := time.Now()
 	for _, b := range bs {
-		out = append(out, e.tunnel(b, now))
+		out = append(out, e.tunnel(b, now, remote))
 	}
 	return out, nil
 }
 
-func (e *Edge) tunnel(b registry.Binding, now time.Time) Tunnel {
+// tunnel is b's admin view. Online, LastHeartbeat and RemoteAddr come from
+// the session holding b: measured now for a session of this edge, or as
+// its edge answered (remote, from remoteSessions) for one of another.
+func (e *Edge) tunnel(b registry.Binding, now time.Time, remote map[string]map[uint64]sessionStatus) Tunnel {
 	t := Tunnel{
 		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname)), InstanceID: b.InstanceID,
 		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(), Node: b.Node,
 	}
-	if !e.local(b) {
-		return t
+	var st sessionStatus
+	var ok bool
+	if e.local(b) {
+		if s := e.session(b.SessionID); s != nil {
+			st, ok = s.status(now), true
+		}
+	} else {
+		st, ok = remote[b.Node][b.SessionID]
 	}
-	if s := e.session(b.SessionID); s != nil {
-		t.Online = s.live(now)
-		t.LastHeartbeat = time.Unix(0, s.lastBeat.Load()).UTC()
-		t.RemoteAddr = s.remote
+	if ok {
+		t.Online, t.LastHeartbeat, t.RemoteAddr = st.Online, st.LastHeartbeat, st.RemoteAddr
 	}
 	return t
 }

@@ -347,6 +347,16 @@ func (b *unreadBody) Close() error { return nil }
 // session that holds the generation they name.
 func (e *Edge) clusterHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Host == clusterServerName {
+			// Not a visitor's request (their Host is a tunnel's name,
+			// checked by the first edge): another edge's admin API.
+			if r.Method == http.MethodGet && r.URL.Path == sessionsPath {
+				writeJSON(w, http.StatusOK, e.sessionStatuses(time.Now()))
+			} else {
+				http.NotFound(w, r)
+			}
+			return
+		}
 		host, err := NormalizeHost(r.Host)
 		gen, gerr := strconv.ParseUint(r.Header.Get(generationHeader), 10, 64)
 		if err != nil || gerr != nil {

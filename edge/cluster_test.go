@@ -444,3 +444,56 @@ func TestClusterTokenBindingLimit(t *testing.T) {
 		t.Fatalf("takeover of its own name through edge b: %v", m)
 	}
 }
+
+// TestClusterAdminRemoteOnline: the admin API of an edge reports a tunnel
+// another edge holds as that edge measures it at the time of the call:
+// online with its heartbeat and agent address while its agent beats, and
+// offline once the agent falls silent.
+func TestClusterAdminRemoteOnline(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.start("a", nil, nil), c.start("b", nil, nil)
+	backend := tunneltest.StartBackend(t)
+	st := startClusterAgent(t, a, "", backend.Addr(), "app", instX).WaitOnline(t)
+	// A raw agent that never sends a heartbeat: live until the freshness
+	// window (2 s here) has passed since its hello.
+	r, _ := a.DialRaw(t, hello(""))
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: "quiet"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind quiet: %v", m)
+	}
+	list := func() map[string]edge.Tunnel {
+		resp, body := adminGet(t, b.Edge, "/api/tunnels", "")
+		var ts []edge.Tunnel
+		if err := json.Unmarshal([]byte(body), &ts); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("b's /api/tunnels: %d %v %s", resp.StatusCode, err, body)
+		}
+		out := map[string]edge.Tunnel{}
+		for _, tn := range ts {
+			out[tn.Hostname] = tn
+		}
+		return out
+	}
+	app, quiet := "app."+tunneltest.Domain, "quiet."+tunneltest.Domain
+	got := list()
+	tn := got[app]
+	if tn.Node != "a" || !tn.Online || tn.SessionID != st.SessionID || tn.RemoteAddr == "" || time.Since(tn.LastHeartbeat) > 10*time.Second {
+		t.Fatalf("b's view of %s (held by a, agent beating): %+v", app, tn)
+	}
+	if !got[quiet].Online {
+		t.Fatalf("b's view of %s right after its hello: %+v, want online", quiet, got[quiet])
+	}
+	resp, body := adminGet(t, b.Edge, "/api/tunnels/"+app, "")
+	var one edge.Tunnel
+	if err := json.Unmarshal([]byte(body), &one); err != nil || resp.StatusCode != 200 || !one.Online || one.Node != "a" {
+		t.Fatalf("b's /api/tunnels/%s: %d %v %s", app, resp.StatusCode, err, body)
+	}
+	tunneltest.Eventually(t, 10*time.Second, "b to report the silent agent's tunnel offline", func() bool {
+		tn, ok := list()[quiet]
+		if !ok {
+			t.Fatalf("%s left the registry before b ever reported it offline", quiet)
+		}
+		return !tn.Online
+	})
+	if tn := list()[app]; !tn.Online {
+		t.Fatalf("b's view of %s after the other agent fell silent: %+v, want still online", app, tn)
+	}
+}

@@ -72,8 +72,9 @@ type ClusterStore interface {
 	Ready() bool
 	Lookup(hostname string) (registry.Binding, bool)
 	NodeAddr(node string) (string, bool)
-	OpenSession(ctx context.Context, id uint64) error
+	OpenSession(ctx context.Context, sess registry.Session) error
 	CloseSession(ctx context.Context, id uint64) error
+	Sessions(ctx context.Context) ([]registry.Session, error)
 }
 
 func (c *ClusterConfig) validate() error {
@@ -417,9 +418,36 @@ func (e *Edge) openClusterSession(ctx context.Context, s *session) error {
 	if e.cluster == nil {
 		return nil
 	}
-	if err := e.cluster.store.OpenSession(ctx, s.id); err != nil {
+	if err := e.cluster.store.OpenSession(ctx, registry.Session{ID: s.id, TokenID: s.tokenID, InstanceID: s.instanceID}); err != nil {
 		s.send(&mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"})
 		return err
+	}
+	return nil
+}
+
+// clusterSessionLimit applies the token's session limit across the
+// cluster, after s's own record is written: it counts the token's live
+// sessions on every edge, but those of s's instance (which is about to
+// take their bindings over). Two hellos racing on two edges may both be
+// refused, never both let past the limit.
+func (e *Edge) clusterSessionLimit(ctx context.Context, s *session) error {
+	max := s.policy.MaxSessions
+	if e.cluster == nil || max <= 0 {
+		return nil
+	}
+	all, err := e.cluster.store.Sessions(ctx)
+	if err != nil {
+		s.send(&mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"})
+		return err
+	}
+	n := 0
+	for _, o := range all {
+		if o.TokenID == s.tokenID && o.InstanceID != s.instanceID {
+			n++
+		}
+	}
+	if n >= max {
+		return e.refuseSessionLimit(s, max)
 	}
 	return nil
 }

@@ -68,7 +68,7 @@ func BenchmarkBind(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { etcd.Close() })
-	if err := etcd.OpenSession(ctx, 1); err != nil {
+	if err := etcd.OpenSession(ctx, registry.Session{ID: 1}); err != nil {
 		b.Fatal(err)
 	}
 	for name, s := range map[string]registry.Store{"memory": registry.NewMemory(nil), "etcd": etcd} {

@@ -497,3 +497,23 @@ func TestClusterAdminRemoteOnline(t *testing.T) {
 		t.Fatalf("b's view of %s after the other agent fell silent: %+v, want still online", app, tn)
 	}
 }
+
+// TestClusterTokenSessionLimit: a token's max_sessions counts its agents
+// on every edge of the cluster; a reconnecting instance's own session
+// still does not count against it, on any edge.
+func TestClusterTokenSessionLimit(t *testing.T) {
+	c := newTestCluster(t)
+	limit := func(cfg *edge.Config) { cfg.TokenPolicies = []edge.TokenPolicy{{Token: "one", MaxSessions: 1}} }
+	a := c.start("a", nil, limit)
+	b := c.start("b", nil, limit)
+	first := hello("one")
+	if _, m := a.DialRaw(t, first); m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("first agent on edge a: %v", m)
+	}
+	if _, m := b.DialRaw(t, hello("one")); m.MessageType() != mux.TypeError || m.(*mux.Error).Code != mux.CodeLimitExceeded {
+		t.Fatalf("second agent of a token limited to one, on edge b: %v, want %s", m, mux.CodeLimitExceeded)
+	}
+	if _, m := b.DialRaw(t, first); m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("the first agent reconnecting through edge b: %v", m)
+	}
+}

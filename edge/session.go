@@ -178,6 +178,10 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 	if err := e.openClusterSession(ctx, s); err != nil {
 		return err
 	}
+	if err := e.clusterSessionLimit(ctx, s); err != nil {
+		e.closeClusterSession(s.id)
+		return err
+	}
 	if err := e.register(s); err != nil {
 		e.closeClusterSession(s.id)
 		return err
@@ -187,8 +191,9 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 }
 
 // register adds s to the edge's sessions, unless the edge is closing or
-// the token is at its session limit. A reconnecting instance's own sessions
-// do not count: it is about to take their bindings over.
+// the token is at its session limit (in a cluster, clusterSessionLimit has
+// counted every edge's sessions already). A reconnecting instance's own
+// sessions do not count: it is about to take their bindings over.
 func (e *Edge) register(s *session) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -196,7 +201,7 @@ func (e *Edge) register(s *session) error {
 		s.send(&mux.Error{Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"})
 		return errors.New("edge shutting down")
 	}
-	if max := s.policy.MaxSessions; max > 0 {
+	if max := s.policy.MaxSessions; max > 0 && e.cluster == nil {
 		n := 0
 		for _, o := range e.sessions {
 			if o.policy == s.policy && o.instanceID != s.instanceID {
@@ -204,13 +209,18 @@ func (e *Edge) register(s *session) error {
 			}
 		}
 		if n >= max {
-			s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
-			e.metrics.bindResult(mux.CodeLimitExceeded)
-			return errors.New("token session limit")
+			return e.refuseSessionLimit(s, max)
 		}
 	}
 	e.sessions[s.id] = s
 	return nil
+}
+
+// refuseSessionLimit tells the agent its token is at its session limit.
+func (e *Edge) refuseSessionLimit(s *session, max int) error {
+	s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
+	e.metrics.bindResult(mux.CodeLimitExceeded)
+	return errors.New("token session limit")
 }
 
 func validInstanceID(id string) bool {

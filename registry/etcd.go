@@ -67,7 +67,8 @@ type Hooks struct {
 // Keys, under Prefix:
 //
 //	hosts/HOSTNAME         the binding (JSON); its ModRevision is the generation
-//	sessions/NODE/SESSION  present while that session is live
+//	sessions/NODE/SESSION  present while that session is live; {"token_id",
+//	                       "instance_id"} it presented
 //	nodes/NODE             {"addr": ...}: where other edges forward to
 //
 // All three are attached to the writing node's lease, so an edge that dies
@@ -324,16 +325,67 @@ func (s *Etcd) lost(err error) {
 	}
 }
 
-// OpenSession records a live session of this node.
-func (s *Etcd) OpenSession(ctx context.Context, id uint64) error {
+// Session is a live session as the cluster registry records it, with the
+// token (a digest) and instance it presented, so that a token's session
+// limit can hold across the edges.
+type Session struct {
+	Node       string `json:"-"`
+	ID         uint64 `json:"-"`
+	TokenID    string `json:"token_id,omitempty"`
+	InstanceID string `json:"instance_id,omitempty"`
+}
+
+// OpenSession records a live session of this node (sess.Node is ignored).
+func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 	lease, ready := s.currentLease()
 	if !ready {
 		return ErrUnavailable
 	}
-	if err := s.cli.put(ctx, s.sessionKey(s.cfg.Node, id), "", lease); err != nil {
-		return fmt.Errorf("cluster: open session %d: %w", id, err)
+	val, err := json.Marshal(sess)
+	if err != nil {
+		return err
+	}
+	if err := s.cli.put(ctx, s.sessionKey(s.cfg.Node, sess.ID), string(val), lease); err != nil {
+		return fmt.Errorf("cluster: open session %d: %w", sess.ID, err)
 	}
 	return nil
+}
+
+// Sessions returns the live sessions of every node. A session whose record
+// does not decode (written by an older edge, which wrote none, or by
+// anything else) is returned with its node and id only.
+func (s *Etcd) Sessions(ctx context.Context) ([]Session, error) {
+	prefix := s.cfg.Prefix + "sessions/"
+	resp, err := s.cli.get(ctx, prefix, true)
+	if err != nil {
+		return nil, fmt.Errorf("registry: sessions: %w", err)
+	}
+	out := make([]Session, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		if sess, ok := parseSession(strings.TrimPrefix(string(kv.Key), prefix), kv.Value); ok {
+			out = append(out, sess)
+		}
+	}
+	return out, nil
+}
+
+// parseSession reads a session record: key NODE/ID, value its JSON. ok is
+// false when the key is not of that form.
+func parseSession(key string, val []byte) (Session, bool) {
+	i := strings.LastIndexByte(key, '/')
+	if i <= 0 {
+		return Session{}, false
+	}
+	id, err := strconv.ParseUint(key[i+1:], 10, 64)
+	if err != nil {
+		return Session{}, false
+	}
+	var sess Session
+	if json.Unmarshal(val, &sess) != nil {
+		sess = Session{}
+	}
+	sess.Node, sess.ID = key[:i], id
+	return sess, true
 }
 
 // CloseSession marks a session of this node dead: rule 2 applies to its

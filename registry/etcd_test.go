@@ -65,7 +65,7 @@ func (h *etcdNodes) Bind(ctx context.Context, c registry.Claim) (registry.Result
 	h.opened[key] = h.opened[key] || open
 	h.mu.Unlock()
 	if open {
-		if err := s.OpenSession(ctx, c.SessionID); err != nil {
+		if err := s.OpenSession(ctx, registry.Session{ID: c.SessionID}); err != nil {
 			return registry.Result{}, err
 		}
 	}
@@ -85,7 +85,7 @@ func (h *etcdNodes) setLive(session uint64, alive bool) {
 		s := h.node(k.node)
 		var err error
 		if alive {
-			err = s.OpenSession(context.Background(), session)
+			err = s.OpenSession(context.Background(), registry.Session{ID: session})
 		} else {
 			err = s.CloseSession(context.Background(), session)
 		}
@@ -156,7 +156,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 func openBind(t *testing.T, s *registry.Etcd, c registry.Claim) (registry.Result, error) {
 	t.Helper()
 	c.Node = s.Node()
-	if err := s.OpenSession(context.Background(), c.SessionID); err != nil {
+	if err := s.OpenSession(context.Background(), registry.Session{ID: c.SessionID}); err != nil {
 		t.Fatal(err)
 	}
 	return s.Bind(context.Background(), c)
@@ -275,7 +275,7 @@ func TestEtcdSixteenNodesRace(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				c := registry.Claim{Hostname: hostname, InstanceID: fmt.Sprintf("%032d", i), TokenID: "tok", SessionID: 1, Node: s.Node()}
-				if err := s.OpenSession(context.Background(), 1); err != nil {
+				if err := s.OpenSession(context.Background(), registry.Session{ID: 1}); err != nil {
 					t.Error(err)
 					return
 				}
@@ -351,5 +351,33 @@ func TestEtcdAuth(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "authentication failed") {
 		t.Fatalf("wrong password: %v; want etcd's reason", err)
+	}
+}
+
+// TestEtcdSessions: every node sees every node's live sessions, with the
+// token and instance each presented, until each is closed.
+func TestEtcdSessions(t *testing.T) {
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
+	a := startNode(t, cli, prefix, "a", registry.Hooks{})
+	b := startNode(t, cli, prefix, "b", registry.Hooks{})
+	ctx := context.Background()
+	if err := a.OpenSession(ctx, registry.Session{ID: 1, TokenID: "t1", InstanceID: "i1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.OpenSession(ctx, registry.Session{ID: 1, TokenID: "t2", InstanceID: "i2", Node: "ignored"}); err != nil {
+		t.Fatal(err)
+	}
+	want := []registry.Session{{Node: "a", ID: 1, TokenID: "t1", InstanceID: "i1"}, {Node: "b", ID: 1, TokenID: "t2", InstanceID: "i2"}}
+	for _, s := range []*registry.Etcd{a, b} {
+		got, err := s.Sessions(ctx)
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("%s's Sessions: %v %v, want %v", s.Node(), got, err, want)
+		}
+	}
+	if err := a.CloseSession(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Sessions(ctx); err != nil || fmt.Sprint(got) != fmt.Sprint(want[1:]) {
+		t.Fatalf("after a closed its session: %v %v, want %v", got, err, want[1:])
 	}
 }

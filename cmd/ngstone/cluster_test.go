@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -23,6 +24,11 @@ func TestClusterProcesses(t *testing.T) {
 	prefix := etcdtest.Prefix(t)
 	data := t.TempDir()
 	key := strings.Repeat("k", 40)
+	// One token for the whole cluster, limited to one agent.
+	tokens := filepath.Join(data, "tokens.yaml")
+	if err := os.WriteFile(tokens, []byte("tokens:\n  - token: team\n    max_sessions: 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	type edgeProc struct {
 		*proc
 		ports []string // http, control, admin, cluster
@@ -31,13 +37,14 @@ func TestClusterProcesses(t *testing.T) {
 		ports := freePorts(t, 4)
 		p := startProc(t, nil, edgeArgs(data, ports,
 			"--cluster-etcd", endpoints, "--cluster-prefix", prefix, "--node-name", name,
-			"--cluster-addr", "127.0.0.1:"+ports[3], "--cluster-key", key, "--cluster-lease-ttl", "1s")...)
+			"--cluster-addr", "127.0.0.1:"+ports[3], "--cluster-key", key, "--cluster-lease-ttl", "1s",
+			"--tokens-file", tokens)...)
 		waitHealthy(t, "127.0.0.1:"+ports[2])
 		return edgeProc{p, ports}
 	}
 	a := start("a")
 	b := start("b")
-	ag := startProc(t, nil, "http", port, "--edge", "localhost:"+a.ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "demo")
+	ag := startProc(t, nil, "http", port, "--edge", "localhost:"+a.ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "demo", "--authtoken", "team")
 	ag.waitLine(t, regexp.MustCompile(`^Forwarding http://demo\.ngstone\.test:`+a.ports[0]+` -> `))
 
 	visitor := visitorClient(t, "127.0.0.1:"+b.ports[0])
@@ -56,11 +63,17 @@ func TestClusterProcesses(t *testing.T) {
 	}
 	var tunnels []struct {
 		Hostname, Node string
+		Online         bool
 	}
 	json.NewDecoder(resp.Body).Decode(&tunnels)
 	resp.Body.Close()
-	if len(tunnels) != 1 || tunnels[0].Hostname != "demo.ngstone.test" || tunnels[0].Node != "a" {
-		t.Fatalf("b's /api/tunnels = %+v; want demo on node a", tunnels)
+	if len(tunnels) != 1 || tunnels[0].Hostname != "demo.ngstone.test" || tunnels[0].Node != "a" || !tunnels[0].Online {
+		t.Fatalf("b's /api/tunnels = %+v; want demo on node a, online", tunnels)
+	}
+	// The token's one agent is on edge a: a second one is refused on b.
+	second := startProc(t, nil, "http", port, "--edge", "localhost:"+b.ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "other", "--authtoken", "team")
+	if code := second.exitCode(t); code != exitRefused || !strings.Contains(second.stderrText(), "limit_exceeded") {
+		t.Fatalf("second agent of a one-agent token, on edge b: exit %d, stderr %q", code, second.stderrText())
 	}
 
 	a.cmd.Process.Kill()

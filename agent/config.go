@@ -69,6 +69,11 @@ type Config struct {
 	// InstanceID identifies this agent process across reconnects; empty
 	// means New mints one.
 	InstanceID string
+	// LogRequests logs a line for each request relayed, when its exchange
+	// ends: method, path, the status sent back, the agent's own error code
+	// if it answered for the local service, and the duration. An upgraded
+	// connection (WebSocket) is logged when it closes.
+	LogRequests bool
 	// OnStatus, when set, is called on every change of status, from the
 	// agent's goroutine; it must not block.
 	OnStatus func(Status) `json:"-"`

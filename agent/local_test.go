@@ -2,6 +2,8 @@ package agent
 
 import (
 	"bufio"
+	"bytes"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"io"
@@ -644,5 +646,78 @@ func TestPoolClosedKeepsNothing(t *testing.T) {
 	}
 	if _, err := lc.Write([]byte("GET / HTTP/1.1\r\n\r\n")); !errors.Is(err, net.ErrClosed) {
 		t.Fatalf("write on the given-back connection: %v, want it closed", err)
+	}
+}
+
+// TestLogRequests: with LogRequests, each exchange is one log line with its
+// method, path, status and duration, and the agent's own error code when it
+// answered for the local service; without it, none.
+func TestLogRequests(t *testing.T) {
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/missing" {
+			http.NotFound(w, r)
+			return
+		}
+		io.WriteString(w, "ok")
+	})
+	lines := func(logs *bytes.Buffer) []map[string]any {
+		var out []map[string]any
+		for l := range strings.Lines(logs.String()) {
+			var m map[string]any
+			if err := json.Unmarshal([]byte(l), &m); err != nil {
+				t.Fatalf("log line %q: %v", l, err)
+			}
+			if m["msg"] == "request" {
+				out = append(out, m)
+			}
+		}
+		return out
+	}
+	var logs bytes.Buffer
+	a := relayAgentWith(t, s.URL, Config{LogRequests: true}, slog.New(slog.NewJSONHandler(&logs, nil)))
+	req, _ := http.NewRequest("POST", "http://app.ngstone.test/hook?x=1", strings.NewReader("payload"))
+	if resp, _, err := relayOnce(t, a, req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("POST /hook: %v", err)
+	}
+	req, _ = http.NewRequest("GET", "http://app.ngstone.test/missing", nil)
+	relayOnce(t, a, req)
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	down := relayAgentWith(t, dead, Config{LogRequests: true}, slog.New(slog.NewJSONHandler(&logs, nil)))
+	do(t, down, "GET", "")
+
+	got := lines(&logs)
+	want := []struct {
+		method, path string
+		status       float64
+		code         any
+	}{
+		{"POST", "/hook?x=1", 200, nil},
+		{"GET", "/missing", 404, nil},
+		{"GET", "/", 502, mux.CodeUpstreamUnreachable},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d request lines, want %d:\n%s", len(got), len(want), logs.String())
+	}
+	for i, w := range want {
+		g := got[i]
+		if g["method"] != w.method || g["path"] != w.path || g["status"] != w.status || g["code"] != w.code {
+			t.Errorf("line %d: %v, want %s %s %v code %v", i, g, w.method, w.path, w.status, w.code)
+		}
+		if d, ok := g["duration"].(float64); !ok || d <= 0 {
+			t.Errorf("line %d: duration %v", i, g["duration"])
+		}
+	}
+
+	logs.Reset()
+	quiet := relayAgentWith(t, s.URL, Config{}, slog.New(slog.NewJSONHandler(&logs, nil)))
+	do(t, quiet, "GET", "")
+	if got := lines(&logs); len(got) != 0 {
+		t.Fatalf("request lines without LogRequests: %v", got)
 	}
 }

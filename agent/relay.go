@@ -65,6 +65,9 @@ type relay struct {
 
 	body    chan struct{} // closed when the request body is copied; nil: none in flight
 	bodyErr error
+
+	status int    // the final status sent to the edge; 0: none yet
+	code   string // the agent's own error code, when it answered for the local service
 }
 
 type relayState uint8
@@ -116,6 +119,9 @@ func (a *Agent) serveStream(st net.Conn, done func()) {
 
 // exchange sends req to the local service and its response back.
 func (x *relay) exchange(req *head) {
+	if x.a.cfg.LogRequests {
+		defer x.logRequest(req, time.Now())
+	}
 	out := outBuf{w: x.st, buf: getBuf()}
 	defer func() { putBuf(out.buf) }()
 	var watch *time.Timer
@@ -312,10 +318,10 @@ func (x *relay) receive(lc *localConn, req *head, out *outBuf) (head, error) {
 			out.buf = out.buf[:start]
 			return resp, errUnwantedUpgrade
 		}
-		out.final = true
+		out.final, x.status = true, resp.status
 		return resp, out.flush()
 	}
-	out.final = true
+	out.final, x.status = true, resp.status
 	var err error
 	switch {
 	case resp.bodyless(req):
@@ -404,6 +410,7 @@ func (x *relay) failed(req *head, out *outBuf, err error) {
 		return
 	}
 	code := upstreamCode(err)
+	x.status, x.code = mux.VisitorStatus(code), code
 	x.a.localFailed(code, err)
 	out.buf = mux.AppendVisitorError(out.buf[:0], code, string(req.host()))
 	out.flush()
@@ -415,6 +422,23 @@ func (x *relay) failed(req *head, out *outBuf, err error) {
 		x.mu.Unlock()
 		x.st.Close()
 	}
+}
+
+// logRequest logs the exchange of req, which started at start.
+func (x *relay) logRequest(req *head, start time.Time) {
+	first, _, _ := firstLine(req.raw)
+	method, rest, _ := bytes.Cut(first, []byte(" "))
+	target, _, _ := bytes.Cut(rest, []byte(" "))
+	args := []any{"method", string(method), "path", string(target)}
+	switch {
+	case x.code != "":
+		args = append(args, "status", x.status, "code", x.code)
+	case x.status != 0:
+		args = append(args, "status", x.status)
+	default:
+		args = append(args, "status", "none: the exchange broke before a response")
+	}
+	x.a.log.Info("request", append(args, "duration", time.Since(start).Round(10*time.Microsecond))...)
 }
 
 // upstreamCode maps a failed exchange with the local service to a visitor

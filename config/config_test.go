@@ -223,3 +223,49 @@ func TestAgentErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestAgentLogRequests: off by default; a default of true (what the CLI
+// sets when stderr is a terminal) holds unless a flag, the environment or
+// the file says false.
+func TestAgentLogRequests(t *testing.T) {
+	load := func(termDefault bool, env string, args ...string) bool {
+		t.Helper()
+		clearNgstoneEnv(t)
+		if env != "" {
+			t.Setenv("NGSTONE_LOG_REQUESTS", env)
+		}
+		fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+		c := config.NewAgent(fs)
+		if termDefault {
+			fs.Lookup("log-requests").DefValue = "true"
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, _, err := c.Load("3000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.LogRequests
+	}
+	off := writeFile(t, "log-requests: false\n")
+	for _, tc := range []struct {
+		name        string
+		termDefault bool
+		env         string
+		args        []string
+		want        bool
+	}{
+		{"default", false, "", nil, false},
+		{"flag", false, "", []string{"--log-requests"}, true},
+		{"environment", false, "true", nil, true},
+		{"terminal", true, "", nil, true},
+		{"terminal, flag false", true, "", []string{"--log-requests=false"}, false},
+		{"terminal, environment false", true, "false", nil, false},
+		{"terminal, file false", true, "", []string{"--config", off}, false},
+	} {
+		if got := load(tc.termDefault, tc.env, tc.args...); got != tc.want {
+			t.Errorf("%s: LogRequests %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -80,8 +80,8 @@ func TestExampleAgentYAML(t *testing.T) {
 	if err != nil {
 		t.Fatalf("load agent.yaml: %v", err)
 	}
-	if cfg.Edge != "tunnels.example.com:4443" || cfg.Subdomain != "myapp" {
-		t.Errorf("agent.yaml loaded as edge %q subdomain %q", cfg.Edge, cfg.Subdomain)
+	if cfg.Edge != "tunnels.example.com:4443" || cfg.Subdomain != "myapp" || !cfg.LogRequests {
+		t.Errorf("agent.yaml loaded as edge %q subdomain %q log-requests %v", cfg.Edge, cfg.Subdomain, cfg.LogRequests)
 	}
 }
 

@@ -43,6 +43,10 @@ file) and a key of the YAML --config file.`,
 		Args: cobra.ExactArgs(1),
 	}
 	loader := config.NewAgent(cmd.Flags())
+	if isTerminal(os.Stderr) {
+		// Someone is watching: show each request, as ngrok's console does.
+		cmd.Flags().Lookup("log-requests").DefValue = "true"
+	}
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		cfg, lc, err := loader.Load(args[0])
 		if err != nil {

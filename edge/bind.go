@@ -134,9 +134,10 @@ func first(s []string) string {
 	return s[0]
 }
 
-// tokenBindings counts the hostnames bound with s's token, leaving out
-// host when s's instance already holds it (a takeover does not add a
-// tunnel). It counts the registry's bindings: in a cluster, those of every
+// tokenBindings counts the hostnames bound with s's token but host: a bind
+// of host either replaces its binding (a takeover, or a dead holder's name
+// taken by a restarted agent) or is refused, so it never adds a tunnel
+// there. It counts the registry's bindings: in a cluster, those of every
 // edge, so a token's limit holds across the cluster.
 func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int, error) {
 	bs, err := e.store.List(ctx)
@@ -145,7 +146,7 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 	}
 	n := 0
 	for _, b := range bs {
-		if b.TokenID == s.tokenID && (b.Hostname != host || b.InstanceID != s.instanceID) {
+		if b.TokenID == s.tokenID && b.Hostname != host {
 			n++
 		}
 	}

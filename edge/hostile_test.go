@@ -395,3 +395,26 @@ func TestConnectionLimits(t *testing.T) {
 	held = held[1:]
 	tunneltest.Eventually(t, 5*time.Second, "a freed place to be reusable", probe)
 }
+
+// TestTokenBindingLimitRestartedAgent: a token limited to one tunnel lets a
+// restarted agent (a new instance) take back the name its dead predecessor
+// still holds, and still refuses it a second name.
+func TestTokenBindingLimitRestartedAgent(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "one", MaxBindings: 1}}
+	cfg.HeartbeatTimeout = time.Minute // the dead agent's binding outlives the test
+	e := tunneltest.StartEdge(t, cfg)
+	r, _ := e.DialRaw(t, hello("one"))
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: "app"}).(*mux.BindOK); !ok {
+		t.Fatalf("first bind: %v", m)
+	}
+	r.YS.Close() // the agent dies; its binding stays until a new owner takes it
+	var code string
+	tunneltest.Eventually(t, 5*time.Second, "the restarted agent to get its name back", func() bool {
+		code = bindCode(t, e, "one", "app")
+		return code == "ok"
+	})
+	if code = bindCode(t, e, "one", "second"); code != mux.CodeLimitExceeded {
+		t.Fatalf("a second name for a token limited to one: %s, want %s", code, mux.CodeLimitExceeded)
+	}
+}

@@ -429,14 +429,12 @@ func (x *relay) logRequest(req *head, start time.Time) {
 	first, _, _ := firstLine(req.raw)
 	method, rest, _ := bytes.Cut(first, []byte(" "))
 	target, _, _ := bytes.Cut(rest, []byte(" "))
-	args := []any{"method", string(method), "path", string(target)}
+	args := []any{"method", string(method), "path", string(target), "status", x.status}
 	switch {
 	case x.code != "":
-		args = append(args, "status", x.status, "code", x.code)
-	case x.status != 0:
-		args = append(args, "status", x.status)
-	default:
-		args = append(args, "status", "none: the exchange broke before a response")
+		args = append(args, "code", x.code)
+	case x.status == 0:
+		args = append(args, "note", "the exchange ended before a response (the visitor left, or the tunnel broke)")
 	}
 	x.a.log.Info("request", append(args, "duration", time.Since(start).Round(10*time.Microsecond))...)
 }

@@ -411,6 +411,10 @@ func (e *Edge) nodeName() string {
 	return e.cluster.node
 }
 
+// registryUnreachable refuses a hello the cluster registry could not
+// vouch for; the agent retries, maybe on another edge.
+var registryUnreachable = &mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"}
+
 // openClusterSession makes s live in the cluster registry, so other edges'
 // binds see its holder live (rule 3). It refuses the hello when the
 // registry cannot be reached: the agent retries, maybe on another edge.
@@ -419,7 +423,7 @@ func (e *Edge) openClusterSession(ctx context.Context, s *session) error {
 		return nil
 	}
 	if err := e.cluster.store.OpenSession(ctx, registry.Session{ID: s.id, TokenID: s.tokenID, InstanceID: s.instanceID}); err != nil {
-		s.send(&mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"})
+		s.send(registryUnreachable)
 		return err
 	}
 	return nil
@@ -437,7 +441,7 @@ func (e *Edge) clusterSessionLimit(ctx context.Context, s *session) error {
 	}
 	all, err := e.cluster.store.Sessions(ctx)
 	if err != nil {
-		s.send(&mux.Error{Code: mux.CodeUnavailable, Message: "the edge cannot reach its cluster registry; retrying"})
+		s.send(registryUnreachable)
 		return err
 	}
 	n := 0

@@ -69,6 +69,11 @@ type Config struct {
 	// InstanceID identifies this agent process across reconnects; empty
 	// means New mints one.
 	InstanceID string
+	// BasicAuth, when set, lists the USER:PASSWORD pairs of HTTP basic
+	// authentication: a request that carries none of them gets 401
+	// basic_auth_required from the agent and never reaches the local
+	// service.
+	BasicAuth []string `json:"-"`
 	// LogRequests logs a line for each request relayed, when its exchange
 	// ends: method, path, the status sent back, the agent's own error code
 	// if it answered for the local service, and the duration. An upgraded
@@ -139,6 +144,15 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatInterval > 0 && c.HeartbeatTimeout > 0 && c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("heartbeat-timeout %s: must be longer than heartbeat-interval %s", c.HeartbeatTimeout, c.HeartbeatInterval)
+	}
+	for _, pair := range c.BasicAuth {
+		user, pass, ok := strings.Cut(pair, ":")
+		switch {
+		case !ok || user == "":
+			return errors.New("basic-auth: want USER:PASSWORD")
+		case len(pass) < minBasicAuthPassword:
+			return fmt.Errorf("basic-auth: the password of %q is shorter than %d characters (the URL is public)", user, minBasicAuthPassword)
+		}
 	}
 	if c.InstanceID != "" && len(c.InstanceID) != 32 {
 		return fmt.Errorf("instance id %q: want 32 hex characters", c.InstanceID)

@@ -42,6 +42,7 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *A
 	cfg.UpstreamTimeout, cfg.UpstreamDialTimeout = 5*time.Second, 5*time.Second
 	a := &Agent{cfg: cfg.withDefaults(), log: log, local: u}
 	a.pool = a.newPool()
+	a.auth = newBasicAuth(cfg.BasicAuth)
 	if err := a.loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}

@@ -124,6 +124,10 @@ func (x *relay) exchange(req *head) {
 	}
 	out := outBuf{w: x.st, buf: getBuf()}
 	defer func() { putBuf(out.buf) }()
+	if x.a.auth != nil && !x.a.auth.allows(req.raw) {
+		x.answer(req, &out, mux.CodeBasicAuthRequired)
+		return
+	}
 	var watch *time.Timer
 	defer func() {
 		if watch != nil {
@@ -410,8 +414,14 @@ func (x *relay) failed(req *head, out *outBuf, err error) {
 		return
 	}
 	code := upstreamCode(err)
-	x.status, x.code = mux.VisitorStatus(code), code
 	x.a.localFailed(code, err)
+	x.answer(req, out, code)
+}
+
+// answer ends a running exchange with the agent's own response: code's
+// visitor error, in place of anything the local service would have sent.
+func (x *relay) answer(req *head, out *outBuf, code string) {
+	x.status, x.code = mux.VisitorStatus(code), code
 	out.buf = mux.AppendVisitorError(out.buf[:0], code, string(req.host()))
 	out.flush()
 	if x.end() {

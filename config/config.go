@@ -160,6 +160,16 @@ func (l *loader) strings(key string) []string {
 	return out
 }
 
+// wholeStrings reads a list whose items may hold commas (passwords): each
+// item whole from a repeated flag or a YAML list; from an environment
+// variable, items separated by spaces.
+func (l *loader) wholeStrings(key string) []string {
+	if s, ok := l.v.Get(key).(string); ok {
+		return strings.Fields(s)
+	}
+	return cast.ToStringSlice(l.v.Get(key))
+}
+
 // stringMap reads a map given as KEY=VALUE flags, a YAML mapping, or an
 // environment variable of comma-separated KEY=VALUE pairs.
 func (l *loader) stringMap(key string) (map[string]string, error) {

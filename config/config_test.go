@@ -3,6 +3,7 @@ package config_test
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -208,6 +209,9 @@ func TestAgentErrors(t *testing.T) {
 		{"zero heartbeat", "3000", []string{"--heartbeat-interval", "0s"}, "heartbeat-interval 0"},
 		{"upstream CA for plain http", "3000", []string{"--upstream-ca-file", "ca.pem"}, "upstream-ca-file: the local service http://localhost:3000 is not https://"},
 		{"upstream insecure for plain http", "http://localhost:3000", []string{"--upstream-insecure"}, "upstream-insecure: the local service http://localhost:3000 is not https://"},
+		{"basic auth without a colon", "3000", []string{"--basic-auth", "alice"}, "basic-auth: want USER:PASSWORD"},
+		{"basic auth without a user", "3000", []string{"--basic-auth", ":password1"}, "basic-auth: want USER:PASSWORD"},
+		{"basic auth, short password", "3000", []string{"--basic-auth", "alice:short"}, `basic-auth: the password of "alice" is shorter than 8 characters`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -266,6 +270,44 @@ func TestAgentLogRequests(t *testing.T) {
 	} {
 		if got := load(tc.termDefault, tc.env, tc.args...); got != tc.want {
 			t.Errorf("%s: LogRequests %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAgentBasicAuth: pairs keep their commas when given as repeated flags
+// or a YAML list; the environment separates them with spaces.
+func TestAgentBasicAuth(t *testing.T) {
+	load := func(env string, args ...string) []string {
+		t.Helper()
+		clearNgstoneEnv(t)
+		if env != "" {
+			t.Setenv("NGSTONE_BASIC_AUTH", env)
+		}
+		fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+		c := config.NewAgent(fs)
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		cfg, _, err := c.Load("3000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg.BasicAuth
+	}
+	file := writeFile(t, "basic-auth:\n  - \"alice:pass,word1\"\n  - bob:password2\n")
+	for _, tc := range []struct {
+		name string
+		env  string
+		args []string
+		want []string
+	}{
+		{"none", "", nil, nil},
+		{"flags", "", []string{"--basic-auth", "alice:pass,word1", "--basic-auth", "bob:password2"}, []string{"alice:pass,word1", "bob:password2"}},
+		{"file", "", []string{"--config", file}, []string{"alice:pass,word1", "bob:password2"}},
+		{"environment", "alice:pass,word1 bob:password2", nil, []string{"alice:pass,word1", "bob:password2"}},
+	} {
+		if got := load(tc.env, tc.args...); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }

@@ -24,6 +24,7 @@ const (
 	CodeHeadersTooLarge     = "headers_too_large"
 	CodeBodyTooLarge        = "body_too_large"
 	CodeTooManyRequests     = "too_many_requests"
+	CodeBasicAuthRequired   = "basic_auth_required"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -43,6 +44,7 @@ var visitorErrors = map[string]struct {
 	CodeHeadersTooLarge:     {http.StatusRequestHeaderFieldsTooLarge, "the request headers for %s are too large"},
 	CodeBodyTooLarge:        {http.StatusRequestEntityTooLarge, "the request body for %s is too large"},
 	CodeTooManyRequests:     {http.StatusServiceUnavailable, "the tunnel %s is at its limit of concurrent requests; retry shortly"},
+	CodeBasicAuthRequired:   {http.StatusUnauthorized, "%s asks for a user name and password"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an
@@ -66,8 +68,11 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	h.Set("Content-Type", "text/plain; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
-	if e.status == http.StatusServiceUnavailable {
+	switch e.status {
+	case http.StatusServiceUnavailable:
 		h.Set("Retry-After", "1")
+	case http.StatusUnauthorized:
+		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}
 	w.WriteHeader(e.status)
 	fmt.Fprintf(w, e.text+" (%s)\n", host, code)

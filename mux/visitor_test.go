@@ -20,6 +20,7 @@ func TestWriteVisitorError(t *testing.T) {
 		CodeHeadersTooLarge:     431,
 		CodeBodyTooLarge:        413,
 		CodeTooManyRequests:     503,
+		CodeBasicAuthRequired:   401,
 	}
 	if len(tests) != len(visitorErrors) {
 		t.Fatalf("the test pins %d codes, visitorErrors has %d", len(tests), len(visitorErrors))
@@ -37,6 +38,9 @@ func TestWriteVisitorError(t *testing.T) {
 			}
 			if got, want := rec.Header().Get("Retry-After"), retryAfter(status); got != want {
 				t.Errorf("Retry-After %q, want %q", got, want)
+			}
+			if got := rec.Header().Get("WWW-Authenticate"); (got != "") != (status == http.StatusUnauthorized) {
+				t.Errorf("WWW-Authenticate %q on a %d", got, status)
 			}
 			if ct := rec.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
 				t.Errorf("Content-Type %q", ct)

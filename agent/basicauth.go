@@ -1,0 +1,62 @@
+package agent
+
+import (
+	"bytes"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+)
+
+// minBasicAuthPassword is the shortest password --basic-auth takes.
+const minBasicAuthPassword = 8
+
+// basicAuth checks a request head for one of Config.BasicAuth's pairs.
+type basicAuth struct {
+	pairs [][]byte // USER:PASSWORD, as a visitor's Authorization encodes them
+}
+
+func newBasicAuth(pairs []string) *basicAuth {
+	if len(pairs) == 0 {
+		return nil
+	}
+	b := &basicAuth{}
+	for _, p := range pairs {
+		b.pairs = append(b.pairs, []byte(p))
+	}
+	return b
+}
+
+// allows reports whether the request head raw carries Basic credentials
+// that match a pair: its first Authorization field is "Basic " and the
+// base64 of USER:PASSWORD, read as net/http's Request.BasicAuth reads it
+// (FuzzBasicAuth). Every pair is compared, in constant time.
+func (b *basicAuth) allows(raw []byte) bool {
+	_, rest, err := firstLine(raw)
+	if err != nil {
+		return false
+	}
+	var auth []byte
+	found := errors.New("found")
+	eachHeader(rest, func(name, value []byte) error {
+		if asciiEqualFold(name, "Authorization") {
+			auth = value
+			return found
+		}
+		return nil
+	})
+	const prefix = "Basic "
+	if len(auth) < len(prefix) || !asciiEqualFold(auth[:len(prefix)], prefix) {
+		return false
+	}
+	enc := auth[len(prefix):]
+	cred := make([]byte, base64.StdEncoding.DecodedLen(len(enc)))
+	n, err := base64.StdEncoding.Decode(cred, enc)
+	if err != nil || bytes.IndexByte(cred[:n], ':') < 0 {
+		return false
+	}
+	ok := 0
+	for _, p := range b.pairs {
+		ok |= subtle.ConstantTimeCompare(cred[:n], p)
+	}
+	return ok == 1
+}

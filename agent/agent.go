@@ -48,6 +48,7 @@ type Agent struct {
 	// upstreamTLS is the TLS configuration of an https:// local service.
 	upstreamTLS *tls.Config
 	auth        *basicAuth // nil: visitors need no credentials
+	hostHeader  string     // the Host the local service gets; "": the visitor's
 	failures    localFailures
 	// watchAfter is when an exchange starts watching its stream (the
 	// constant watchAfter; tests shorten it).
@@ -79,6 +80,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
 	a.pool = a.newPool()
 	a.auth = newBasicAuth(cfg.BasicAuth)
+	a.hostHeader = hostHeader(cfg.HostHeader, local)
 	a.watchAfter = watchAfter
 	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
 	return a, nil

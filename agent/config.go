@@ -74,6 +74,11 @@ type Config struct {
 	// basic_auth_required from the agent and never reaches the local
 	// service.
 	BasicAuth []string `json:"-"`
+	// HostHeader replaces the Host field of requests to the local service:
+	// "rewrite" gives the local service's own host and port (what a dev
+	// server that checks Host expects), another value that host. Empty
+	// keeps the visitor's; X-Forwarded-Host always carries it.
+	HostHeader string
 	// LogRequests logs a line for each request relayed, when its exchange
 	// ends: method, path, the status sent back, the agent's own error code
 	// if it answered for the local service, and the duration. An upgraded
@@ -154,6 +159,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("basic-auth: the password of %q is shorter than %d characters (the URL is public)", user, minBasicAuthPassword)
 		}
 	}
+	if c.HostHeader != "" && !validHostHeader(c.HostHeader) {
+		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", c.HostHeader)
+	}
 	if c.InstanceID != "" && len(c.InstanceID) != 32 {
 		return fmt.Errorf("instance id %q: want 32 hex characters", c.InstanceID)
 	}
@@ -182,4 +190,26 @@ func ParseLocal(s string) (*url.URL, error) {
 		return nil, fmt.Errorf("local URL %q: want http://HOST[:PORT] or https://HOST[:PORT]", s)
 	}
 	return u, nil
+}
+
+// hostHeader is the Host the local service gets for --host-header v.
+func hostHeader(v string, local *url.URL) string {
+	if v == "rewrite" {
+		return local.Host
+	}
+	return v
+}
+
+// validHostHeader reports whether v can be a Host field's value: letters,
+// digits and the punctuation of names, ports and bracketed IPv6 addresses.
+func validHostHeader(v string) bool {
+	for _, c := range v {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.ContainsRune(".-_:[]", c):
+		default:
+			return false
+		}
+	}
+	return v != ""
 }

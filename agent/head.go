@@ -269,3 +269,27 @@ func chunkSize(line []byte) (int64, error) {
 	}
 	return n, nil
 }
+
+// setHost appends to dst the request head raw with the value of its Host
+// field replaced by host (--host-header); every other line is copied as it
+// is. The edge writes exactly one Host field.
+func setHost(dst, raw []byte, host string) []byte {
+	done := false
+	for i := 0; len(raw) > 0; i++ {
+		n := bytes.IndexByte(raw, '\n') + 1
+		if n == 0 {
+			n = len(raw)
+		}
+		line := raw[:n]
+		raw = raw[n:]
+		if name, _, ok := bytes.Cut(line, []byte(":")); i > 0 && !done && ok && asciiEqualFold(name, "Host") {
+			dst = append(dst, "Host: "...)
+			dst = append(dst, host...)
+			dst = append(dst, "\r\n"...)
+			done = true
+			continue
+		}
+		dst = append(dst, line...)
+	}
+	return dst
+}

@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httputil"
@@ -89,6 +90,49 @@ func FuzzRelayHead(f *testing.F) {
 		}
 		if _, err := io.Copy(io.Discard, httputil.NewChunkedReader(bytes.NewReader(sink.Bytes()))); err != nil {
 			t.Fatalf("relayed a chunked body net/http cannot read: %q: %v", sink.Bytes(), err)
+		}
+	})
+}
+
+// FuzzSetHost: replacing the Host field of a head the relay accepts gives
+// a head with the same framing, which net/http reads with the new Host and
+// the same other fields.
+func FuzzSetHost(f *testing.F) {
+	f.Add([]byte("GET /x HTTP/1.1\r\nHost: app.ngstone.test\r\nX-Forwarded-Host: app.ngstone.test\r\n\r\n"), "rewrite")
+	f.Add([]byte("POST / HTTP/1.1\r\nhost: a\r\nContent-Length: 3\r\nHost-Extra: b\r\n\r\n"), "localhost:3000")
+	f.Add([]byte("GET / HTTP/1.1\nHost:a\nTransfer-Encoding: chunked\n\n"), "[::1]:8080")
+	f.Add([]byte("GET / HTTP/1.0\r\nX: y\r\n\r\n"), "example.internal")
+	f.Fuzz(func(t *testing.T, raw []byte, host string) {
+		if !validHostHeader(host) {
+			return
+		}
+		in, err := parseRequest(raw)
+		if err != nil {
+			return
+		}
+		out := setHost(nil, raw, host)
+		got, err := parseRequest(out)
+		if err != nil {
+			t.Fatalf("setHost(%q, %q) = %q, which does not parse: %v", raw, host, out, err)
+		}
+		if got.length != in.length || got.chunked != in.chunked || got.close != in.close || got.upgrade != in.upgrade || got.head != in.head || got.replay != in.replay {
+			t.Fatalf("setHost(%q, %q) = %q changed the framing: %+v, was %+v", raw, host, out, got, in)
+		}
+		before, err1 := http.ReadRequest(bufio.NewReader(bytes.NewReader(raw)))
+		after, err2 := http.ReadRequest(bufio.NewReader(bytes.NewReader(out)))
+		if err1 != nil || before.Host == "" {
+			return // net/http refuses it, or it has no Host to replace
+		}
+		if err2 != nil {
+			t.Fatalf("net/http reads %q but not %q: %v", raw, out, err2)
+		}
+		if after.Host != host {
+			t.Fatalf("setHost(%q, %q): net/http reads Host %q", raw, host, after.Host)
+		}
+		before.Header.Del("Host")
+		after.Header.Del("Host")
+		if fmt.Sprint(before.Header) != fmt.Sprint(after.Header) || before.RequestURI != after.RequestURI || before.Method != after.Method {
+			t.Fatalf("setHost(%q, %q) changed more than Host: %v %v", raw, host, before.Header, after.Header)
 		}
 	})
 }

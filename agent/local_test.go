@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
@@ -43,6 +44,7 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *A
 	a := &Agent{cfg: cfg.withDefaults(), log: log, local: u}
 	a.pool = a.newPool()
 	a.auth = newBasicAuth(cfg.BasicAuth)
+	a.hostHeader = hostHeader(cfg.HostHeader, u)
 	if err := a.loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}
@@ -720,5 +722,45 @@ func TestLogRequests(t *testing.T) {
 	do(t, quiet, "GET", "")
 	if got := lines(&logs); len(got) != 0 {
 		t.Fatalf("request lines without LogRequests: %v", got)
+	}
+}
+
+// TestHostHeader: --host-header gives the local service its own host
+// (rewrite) or a given one in place of the visitor's, which it still finds
+// in X-Forwarded-Host; an error page names the visitor's host.
+func TestHostHeader(t *testing.T) {
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s", r.Host, r.Header.Get("X-Forwarded-Host"))
+	})
+	local := strings.TrimPrefix(s.URL, "http://")
+	for _, tc := range []struct{ option, want string }{
+		{"", "app.ngstone.test"},
+		{"rewrite", local},
+		{"dev.internal:5173", "dev.internal:5173"},
+	} {
+		a := relayAgentWith(t, s.URL, Config{HostHeader: tc.option}, slog.New(slog.DiscardHandler))
+		req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
+		req.Header.Set("X-Forwarded-Host", "app.ngstone.test")
+		resp, got, err := relayOnce(t, a, req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("host-header %q: %v %v", tc.option, resp, err)
+		}
+		if want := tc.want + " app.ngstone.test"; got != want {
+			t.Errorf("host-header %q: the local service saw Host and X-Forwarded-Host %q, want %q", tc.option, got, want)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := ln.Addr().String()
+	ln.Close()
+	a := relayAgentWith(t, dead, Config{HostHeader: "rewrite"}, slog.New(slog.DiscardHandler))
+	req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
+	req.Header.Set("X-Forwarded-Host", "app.ngstone.test")
+	resp, got, _ := relayOnce(t, a, req)
+	wantVisitorError(t, resp, got, mux.CodeUpstreamUnreachable)
+	if !strings.Contains(got, "app.ngstone.test") {
+		t.Errorf("error page %q does not name the visitor's host", got)
 	}
 }

@@ -51,6 +51,14 @@ var streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 
 // headBufs hold request heads.
 var headBufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 
+// putHeadBuf returns a head buffer to its pool, unless a large head made
+// it grow.
+func putHeadBuf(b *[]byte) {
+	if cap(*b) <= 64<<10 {
+		headBufs.Put(b)
+	}
+}
+
 // relay is one exchange.
 type relay struct {
 	a    *Agent
@@ -95,9 +103,7 @@ func (a *Agent) serveStream(st net.Conn, done func()) {
 			x.br.Reset(nil)
 			streamReaders.Put(x.br)
 		}
-		if cap(*hb) <= 64<<10 {
-			headBufs.Put(hb)
-		}
+		putHeadBuf(hb)
 	}()
 	st.SetReadDeadline(time.Now().Add(a.cfg.DialTimeout))
 	raw, err := readHead(x.br, (*hb)[:0], maxRequestHead)
@@ -113,6 +119,12 @@ func (a *Agent) serveStream(st net.Conn, done func()) {
 		}
 		st.Close()
 		return
+	}
+	if a.hostHeader != "" {
+		nb := headBufs.Get().(*[]byte)
+		*nb = setHost((*nb)[:0], raw, a.hostHeader)
+		putHeadBuf(hb)
+		hb, req.raw = nb, *nb
 	}
 	x.exchange(&req)
 }
@@ -464,17 +476,25 @@ func isDial(err error) bool {
 	return errors.As(err, &op) && op.Op == "dial"
 }
 
-// host returns a request head's Host field, for error messages.
+// host returns the host a visitor asked for, for error messages: the
+// X-Forwarded-Host the edge set, else the Host field (which --host-header
+// may have replaced).
 func (h *head) host() []byte {
-	var v []byte
+	var host, fwd []byte
 	_, rest, _ := firstLine(h.raw)
 	eachHeader(rest, func(name, value []byte) error {
-		if asciiEqualFold(name, "Host") {
-			v = value
+		switch {
+		case asciiEqualFold(name, "Host"):
+			host = value
+		case asciiEqualFold(name, "X-Forwarded-Host") && fwd == nil:
+			fwd = value
 		}
 		return nil
 	})
-	return v
+	if fwd != nil {
+		return fwd
+	}
+	return host
 }
 
 // copyConn copies src to dst until either fails, through a pooled buffer.

@@ -209,6 +209,8 @@ func TestAgentErrors(t *testing.T) {
 		{"zero heartbeat", "3000", []string{"--heartbeat-interval", "0s"}, "heartbeat-interval 0"},
 		{"upstream CA for plain http", "3000", []string{"--upstream-ca-file", "ca.pem"}, "upstream-ca-file: the local service http://localhost:3000 is not https://"},
 		{"upstream insecure for plain http", "http://localhost:3000", []string{"--upstream-insecure"}, "upstream-insecure: the local service http://localhost:3000 is not https://"},
+		{"host header with a space", "3000", []string{"--host-header", "a b"}, `host-header "a b": want rewrite, or a HOST[:PORT]`},
+		{"host header with a slash", "3000", []string{"--host-header", "a/b"}, `host-header "a/b"`},
 		{"basic auth without a colon", "3000", []string{"--basic-auth", "alice"}, "basic-auth: want USER:PASSWORD"},
 		{"basic auth without a user", "3000", []string{"--basic-auth", ":password1"}, "basic-auth: want USER:PASSWORD"},
 		{"basic auth, short password", "3000", []string{"--basic-auth", "alice:short"}, `basic-auth: the password of "alice" is shorter than 8 characters`},

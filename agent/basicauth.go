@@ -7,6 +7,9 @@ import (
 	"errors"
 )
 
+// errFound stops a walk over header fields at the one sought.
+var errFound = errors.New("found")
+
 // minBasicAuthPassword is the shortest password --basic-auth takes.
 const minBasicAuthPassword = 8
 
@@ -36,11 +39,10 @@ func (b *basicAuth) allows(raw []byte) bool {
 		return false
 	}
 	var auth []byte
-	found := errors.New("found")
 	eachHeader(rest, func(name, value []byte) error {
 		if asciiEqualFold(name, "Authorization") {
 			auth = value
-			return found
+			return errFound
 		}
 		return nil
 	})

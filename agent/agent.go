@@ -14,6 +14,7 @@ import (
 	"crypto/tls"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/url"
@@ -49,6 +50,7 @@ type Agent struct {
 	upstreamTLS *tls.Config
 	auth        *basicAuth // nil: visitors need no credentials
 	hostHeader  string     // the Host the local service gets; "": the visitor's
+	inspect     *Inspector // nil: no inspector
 	failures    localFailures
 	// watchAfter is when an exchange starts watching its stream (the
 	// constant watchAfter; tests shorten it).
@@ -81,6 +83,9 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	a.pool = a.newPool()
 	a.auth = newBasicAuth(cfg.BasicAuth)
 	a.hostHeader = hostHeader(cfg.HostHeader, local)
+	if cfg.InspectAddr != "" {
+		a.inspect = newInspector(a)
+	}
 	a.watchAfter = watchAfter
 	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
 	return a, nil
@@ -126,6 +131,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	defer a.pool.CloseIdleConnections()
 	defer a.wg.Wait()
+	if a.inspect != nil {
+		ln, err := net.Listen("tcp", a.cfg.InspectAddr)
+		if err != nil {
+			return fmt.Errorf("inspect-addr: %w", err)
+		}
+		ictx, stop := context.WithCancel(ctx)
+		defer stop() // before a.wg.Wait
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			a.inspect.serve(ictx, ln)
+		}()
+		a.log.Info("inspector", "url", "http://"+ln.Addr().String())
+	}
 	bo := backoff{base: a.cfg.BackoffBase, cap: a.cfg.BackoffCap}
 	for attempt := 0; ; attempt++ {
 		healthy, err := a.runSession(ctx, tc, attempt > 0)

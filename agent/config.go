@@ -79,6 +79,10 @@ type Config struct {
 	// server that checks Host expects), another value that host. Empty
 	// keeps the visitor's; X-Forwarded-Host always carries it.
 	HostHeader string
+	// InspectAddr, when set, is where the agent serves its inspector: a
+	// web page and JSON API of the last requests relayed, with their
+	// bodies, and their replay (loopback addresses only).
+	InspectAddr string
 	// LogRequests logs a line for each request relayed, when its exchange
 	// ends: method, path, the status sent back, the agent's own error code
 	// if it answered for the local service, and the duration. An upgraded
@@ -157,6 +161,12 @@ func (c Config) Validate() error {
 			return errors.New("basic-auth: want USER:PASSWORD")
 		case len(pass) < minBasicAuthPassword:
 			return fmt.Errorf("basic-auth: the password of %q is shorter than %d characters (the URL is public)", user, minBasicAuthPassword)
+		}
+	}
+	if c.InspectAddr != "" {
+		host, _, err := net.SplitHostPort(c.InspectAddr)
+		if ip := net.ParseIP(host); err != nil || (host != "localhost" && (ip == nil || !ip.IsLoopback())) {
+			return fmt.Errorf("inspect-addr %q: want a loopback HOST:PORT such as 127.0.0.1:4040 (the inspector shows request bodies and replays requests)", c.InspectAddr)
 		}
 	}
 	if c.HostHeader != "" && !validHostHeader(c.HostHeader) {

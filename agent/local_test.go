@@ -45,6 +45,9 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *A
 	a.pool = a.newPool()
 	a.auth = newBasicAuth(cfg.BasicAuth)
 	a.hostHeader = hostHeader(cfg.HostHeader, u)
+	if cfg.InspectAddr != "" {
+		a.inspect = newInspector(a)
+	}
 	if err := a.loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}

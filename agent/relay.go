@@ -76,6 +76,8 @@ type relay struct {
 
 	status int    // the final status sent to the edge; 0: none yet
 	code   string // the agent's own error code, when it answered for the local service
+
+	cap *capture // what the inspector keeps; nil without one
 }
 
 type relayState uint8
@@ -135,6 +137,11 @@ func (x *relay) exchange(req *head) {
 		defer x.logRequest(req, time.Now())
 	}
 	out := outBuf{w: x.st, buf: getBuf()}
+	if x.a.inspect != nil {
+		x.cap = &capture{start: time.Now()}
+		out.w = teeWriter{x.st, &x.cap.resp}
+		defer x.a.inspect.record(x, req)
+	}
 	defer func() { putBuf(out.buf) }()
 	if x.a.auth != nil && !x.a.auth.allows(req.raw) {
 		x.answer(req, &out, mux.CodeBasicAuthRequired)
@@ -242,8 +249,12 @@ func (x *relay) watch() {
 // is read, as the local service may answer before it has read it all.
 func (x *relay) send(lc *localConn, req *head) error {
 	lc.nread = 0
+	if x.cap != nil {
+		x.cap.req.reset() // a second attempt is the one that counts
+	}
+	w := x.toLocal(lc)
 	if !req.chunked && req.length <= 0 {
-		_, err := lc.Conn.Write(req.raw)
+		_, err := w.Write(req.raw)
 		return err
 	}
 	if !req.chunked && int64(x.br.Buffered()) >= req.length {
@@ -251,10 +262,10 @@ func (x *relay) send(lc *localConn, req *head) error {
 		msg := append(req.raw, body...)
 		req.raw = msg[:len(req.raw)]
 		x.br.Discard(len(body))
-		_, err := lc.Conn.Write(msg)
+		_, err := w.Write(msg)
 		return err
 	}
-	if _, err := lc.Conn.Write(req.raw); err != nil {
+	if _, err := w.Write(req.raw); err != nil {
 		return err
 	}
 	x.body = make(chan struct{})
@@ -262,10 +273,19 @@ func (x *relay) send(lc *localConn, req *head) error {
 	return nil
 }
 
+// toLocal is where the request goes: lc, through the inspector's record
+// when there is one (which a second attempt starts anew).
+func (x *relay) toLocal(lc *localConn) io.Writer {
+	if x.cap == nil {
+		return lc.Conn
+	}
+	return teeWriter{lc.Conn, &x.cap.req}
+}
+
 // sendBody copies the request body from the stream to lc, then watches
 // the stream as watch does.
 func (x *relay) sendBody(lc *localConn, req *head) {
-	o := outBuf{w: lc.Conn, buf: getBuf()}
+	o := outBuf{w: x.toLocal(lc), buf: getBuf()}
 	var err error
 	if req.chunked {
 		err = o.copyChunked(x.br)

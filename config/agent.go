@@ -27,6 +27,7 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "reconnect when the edge has not answered heartbeats for this long")
 	fs.Duration("dial-timeout", d.DialTimeout, "bound on dialing the edge, TLS handshake, hello and bind")
 	fs.Duration("drain-timeout", d.DrainTimeout, "how long requests in flight may finish on a closing session")
+	fs.String("inspect-addr", "", "serve a web page of the last requests, with their bodies and a replay button, on this loopback HOST:PORT (e.g. 127.0.0.1:4040)")
 	fs.String("host-header", "", "Host the local service gets: rewrite (its own HOST:PORT, for dev servers that check Host) or a HOST (default: the visitor's)")
 	fs.StringArray("basic-auth", nil, "USER:PASSWORD a visitor must give (HTTP basic authentication; repeatable; passwords of 8 characters or more)")
 	fs.Bool("log-requests", false, "log a line per request: method, path, status, duration (true by default when stderr is a terminal)")
@@ -66,6 +67,7 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	cfg.LogRequests = e.boolean(l, "log-requests")
 	cfg.BasicAuth = l.wholeStrings("basic-auth")
 	cfg.HostHeader = l.string("host-header")
+	cfg.InspectAddr = l.string("inspect-addr")
 	if e.err != nil {
 		return cfg, lg, e.err
 	}

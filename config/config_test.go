@@ -211,6 +211,8 @@ func TestAgentErrors(t *testing.T) {
 		{"upstream insecure for plain http", "http://localhost:3000", []string{"--upstream-insecure"}, "upstream-insecure: the local service http://localhost:3000 is not https://"},
 		{"host header with a space", "3000", []string{"--host-header", "a b"}, `host-header "a b": want rewrite, or a HOST[:PORT]`},
 		{"host header with a slash", "3000", []string{"--host-header", "a/b"}, `host-header "a/b"`},
+		{"inspector on a public address", "3000", []string{"--inspect-addr", "0.0.0.0:4040"}, `inspect-addr "0.0.0.0:4040": want a loopback HOST:PORT`},
+		{"inspector without a port", "3000", []string{"--inspect-addr", "127.0.0.1"}, `inspect-addr "127.0.0.1"`},
 		{"basic auth without a colon", "3000", []string{"--basic-auth", "alice"}, "basic-auth: want USER:PASSWORD"},
 		{"basic auth without a user", "3000", []string{"--basic-auth", ":password1"}, "basic-auth: want USER:PASSWORD"},
 		{"basic auth, short password", "3000", []string{"--basic-auth", "alice:short"}, `basic-auth: the password of "alice" is shorter than 8 characters`},

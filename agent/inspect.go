@@ -170,14 +170,28 @@ func (in *Inspector) get(id uint64) (Capture, bool) {
 	return Capture{}, false
 }
 
-// record keeps the exchange x ran for req.
+// record keeps the exchange x ran for req, once its request body has gone
+// to the local service: a body still streaming when the response ended is
+// kept when it is done, so that its record is whole.
 func (in *Inspector) record(x *relay, req *head) {
 	method, target := requestLine(req.raw)
-	in.add(Capture{
+	c := Capture{
 		Start: x.cap.start, Duration: time.Since(x.cap.start),
 		Method: method, Path: target, Status: x.status, Code: x.code,
-		Request: x.cap.req.message(), Response: x.cap.resp.message(),
-	})
+		Response: x.cap.resp.message(),
+	}
+	keep := func() {
+		c.Request = x.cap.req.message()
+		in.add(c)
+	}
+	if body := x.body; body != nil {
+		go func() {
+			<-body // closed when the body goroutine ends, as it does with the exchange's connections
+			keep()
+		}()
+		return
+	}
+	keep()
 }
 
 // requestLine returns a request head's method and target.

@@ -7,10 +7,12 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestInspector: the inspector keeps each exchange as it crossed the agent
@@ -54,11 +56,19 @@ func TestInspector(t *testing.T) {
 	req, _ = http.NewRequest("GET", "http://app.ngstone.test/page", nil)
 	relayOnce(t, a, req)
 
+	// An exchange whose request body was still streaming when it ended is
+	// kept once the body is done.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(a.inspect.list()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
 	code, body := api("GET", "/api/requests")
 	var list []Capture
 	if err := json.Unmarshal(body, &list); err != nil || code != 200 || len(list) != 3 {
 		t.Fatalf("/api/requests: %d %v %s", code, err, body)
 	}
+	// Newest first, by when they were kept.
+	slices.SortFunc(list, func(a, b Capture) int { return b.Start.Compare(a.Start) })
 	get, put, post := list[0], list[1], list[2]
 	if get.Method != "GET" || get.Path != "/page" || get.Status != 200 || string(get.Response.Body) != "answer to /page" ||
 		!strings.HasPrefix(get.Response.Head, "HTTP/1.1 200") || !strings.HasPrefix(get.Request.Head, "GET /page HTTP/1.1\r\n") {

@@ -58,15 +58,17 @@ func TestAgentDeveloperOptions(t *testing.T) {
 		t.Fatalf("with credentials: %d %q, want 200 %q", resp.StatusCode, body, want)
 	}
 
-	code, list, err := get(visitorClient(t, inspect), "http://"+inspect+"/api/requests")
 	var caps []struct {
 		Method, Path, Code string
 		Status             int
 		Request            struct{ Head, Body string }
 	}
-	if err != nil || code != 200 || json.Unmarshal([]byte(list), &caps) != nil || len(caps) != 2 {
-		t.Fatalf("inspector: %d %v %s", code, err, list)
-	}
+	var code int
+	var list string
+	waitFor(t, 5*time.Second, "the inspector to keep both requests", func() bool {
+		code, list, err = get(visitorClient(t, inspect), "http://"+inspect+"/api/requests")
+		return err == nil && code == 200 && json.Unmarshal([]byte(list), &caps) == nil && len(caps) == 2
+	})
 	if c := caps[0]; c.Status != 200 || c.Path != "/hook" || !strings.Contains(c.Request.Head, "Host: localhost:"+port) || c.Request.Body != "cGF5bG9hZA==" {
 		t.Errorf("inspector's newest request: %+v", c)
 	}

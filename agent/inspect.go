@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // The inspector (--inspect-addr) keeps the last requests the agent relayed,
@@ -215,12 +216,12 @@ func (in *Inspector) Handler() http.Handler {
 		w.Write(inspectPage)
 	})
 	m.HandleFunc("GET /api/requests", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, in.list())
+		mux.WriteJSON(w, http.StatusOK, in.list())
 	})
 	m.HandleFunc("GET /api/requests/{id}", func(w http.ResponseWriter, r *http.Request) {
 		c, ok := in.lookup(w, r)
 		if ok {
-			writeJSON(w, http.StatusOK, c)
+			mux.WriteJSON(w, http.StatusOK, c)
 		}
 	})
 	m.HandleFunc("POST /api/requests/{id}/replay", func(w http.ResponseWriter, r *http.Request) {
@@ -231,16 +232,16 @@ func (in *Inspector) Handler() http.Handler {
 		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
 			// Another web page the browser visits must not replay
 			// requests to the local service.
-			writeJSON(w, http.StatusForbidden, map[string]string{"error": "replay refused: asked by another site (" + site + ")"})
+			mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "replay refused: asked by another site (" + site + ")"})
 			return
 		}
 		id, err := in.replay(r.Context(), c)
 		if err != nil {
-			writeJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
+			mux.WriteJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
 			return
 		}
 		got, _ := in.get(id)
-		writeJSON(w, http.StatusOK, got)
+		mux.WriteJSON(w, http.StatusOK, got)
 	})
 	return loopbackHost(m)
 }
@@ -255,7 +256,7 @@ func loopbackHost(h http.Handler) http.Handler {
 			host = r.Host
 		}
 		if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !ip.IsLoopback()) {
-			writeJSON(w, http.StatusForbidden, map[string]string{"error": "the inspector answers only to a loopback address, such as http://127.0.0.1:PORT"})
+			mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "the inspector answers only to a loopback address, such as http://127.0.0.1:PORT"})
 			return
 		}
 		h.ServeHTTP(w, r)
@@ -266,7 +267,7 @@ func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bo
 	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	c, ok := in.get(id)
 	if err != nil || !ok {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such request (the inspector keeps the last " + strconv.Itoa(inspectKeep) + ")"})
+		mux.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no such request (the inspector keeps the last " + strconv.Itoa(inspectKeep) + ")"})
 		return Capture{}, false
 	}
 	return c, true
@@ -328,12 +329,4 @@ func (in *Inspector) serve(ctx context.Context, ln net.Listener) {
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
 	srv.Serve(ln)
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/goleak"
 
+	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/config"
 )
 
@@ -238,23 +239,11 @@ func TestAgentErrors(t *testing.T) {
 func TestAgentLogRequests(t *testing.T) {
 	load := func(termDefault bool, env string, args ...string) bool {
 		t.Helper()
-		clearNgstoneEnv(t)
-		if env != "" {
-			t.Setenv("NGSTONE_LOG_REQUESTS", env)
-		}
-		fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
-		c := config.NewAgent(fs)
-		if termDefault {
-			fs.Lookup("log-requests").DefValue = "true"
-		}
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		cfg, _, err := c.Load("3000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg.LogRequests
+		return loadAgent(t, "NGSTONE_LOG_REQUESTS", env, func(fs *pflag.FlagSet) {
+			if termDefault {
+				fs.Lookup("log-requests").DefValue = "true"
+			}
+		}, args...).LogRequests
 	}
 	off := writeFile(t, "log-requests: false\n")
 	for _, tc := range []struct {
@@ -283,20 +272,7 @@ func TestAgentLogRequests(t *testing.T) {
 func TestAgentBasicAuth(t *testing.T) {
 	load := func(env string, args ...string) []string {
 		t.Helper()
-		clearNgstoneEnv(t)
-		if env != "" {
-			t.Setenv("NGSTONE_BASIC_AUTH", env)
-		}
-		fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
-		c := config.NewAgent(fs)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		cfg, _, err := c.Load("3000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg.BasicAuth
+		return loadAgent(t, "NGSTONE_BASIC_AUTH", env, nil, args...).BasicAuth
 	}
 	file := writeFile(t, "basic-auth:\n  - \"alice:pass,word1\"\n  - bob:password2\n")
 	for _, tc := range []struct {
@@ -314,4 +290,28 @@ func TestAgentBasicAuth(t *testing.T) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
 		}
 	}
+}
+
+// loadAgent loads the agent's settings from args, with the environment
+// variable key set to env (when not empty) and nothing else of ngstone's;
+// tune, when set, adjusts the flags before they are parsed.
+func loadAgent(t *testing.T, key, env string, tune func(*pflag.FlagSet), args ...string) agent.Config {
+	t.Helper()
+	clearNgstoneEnv(t)
+	if env != "" {
+		t.Setenv(key, env)
+	}
+	fs := pflag.NewFlagSet("http", pflag.ContinueOnError)
+	c := config.NewAgent(fs)
+	if tune != nil {
+		tune(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load("3000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

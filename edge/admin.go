@@ -3,10 +3,10 @@ package edge
 import (
 	"context"
 	"crypto/subtle"
-	"encoding/json"
 	"net/http"
 	"time"
 
+	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
 )
 
@@ -71,13 +71,13 @@ func (e *Edge) listTunnels(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "registry unavailable: "+err.Error(), http.StatusServiceUnavailable)
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	mux.WriteJSON(w, http.StatusOK, out)
 }
 
 func (e *Edge) getTunnel(w http.ResponseWriter, r *http.Request) {
 	host, err := NormalizeHost(r.PathValue("hostname"))
 	if err != nil {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel with that hostname"})
+		mux.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel with that hostname"})
 		return
 	}
 	b, ok, err := e.store.Get(r.Context(), host)
@@ -86,10 +86,10 @@ func (e *Edge) getTunnel(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel " + host})
+		mux.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel " + host})
 		return
 	}
-	writeJSON(w, http.StatusOK, e.tunnel(b, time.Now(), e.remoteSessions(r.Context(), []registry.Binding{b})))
+	mux.WriteJSON(w, http.StatusOK, e.tunnel(b, time.Now(), e.remoteSessions(r.Context(), []registry.Binding{b})))
 }
 
 // Tunnels returns the admin view of every binding, computed now.
@@ -128,12 +128,4 @@ func (e *Edge) tunnel(b registry.Binding, now time.Time, remote map[string]map[u
 		t.Online, t.LastHeartbeat, t.RemoteAddr = st.Online, st.LastHeartbeat, st.RemoteAddr
 	}
 	return t
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	enc.Encode(v)
 }

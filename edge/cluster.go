@@ -352,7 +352,7 @@ func (e *Edge) clusterHandler() http.Handler {
 			// Not a visitor's request (their Host is a tunnel's name,
 			// checked by the first edge): another edge's admin API.
 			if r.Method == http.MethodGet && r.URL.Path == sessionsPath {
-				writeJSON(w, http.StatusOK, e.sessionStatuses(time.Now()))
+				mux.WriteJSON(w, http.StatusOK, e.sessionStatuses(time.Now()))
 			} else {
 				http.NotFound(w, r)
 			}

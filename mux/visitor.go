@@ -2,6 +2,7 @@ package mux
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -107,3 +108,13 @@ type responseBuffer struct {
 func (w *responseBuffer) Header() http.Header         { return w.header }
 func (w *responseBuffer) WriteHeader(status int)      { w.status = status }
 func (w *responseBuffer) Write(p []byte) (int, error) { return w.body.Write(p) }
+
+// WriteJSON answers with status and v as indented JSON: the edge's admin
+// API and the agent's inspector.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}

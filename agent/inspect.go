@@ -183,6 +183,11 @@ func (in *Inspector) record(x *relay, req *head) {
 	}
 	keep := func() {
 		c.Request = x.cap.req.message()
+		if c.Request.Head == "" {
+			// Nothing went to the local service (the agent answered
+			// itself): show the head as it came, its body as not kept.
+			c.Request = Message{Head: string(req.raw), Truncated: req.chunked || req.length > 0}
+		}
 		in.add(c)
 	}
 	if body := x.body; body != nil {

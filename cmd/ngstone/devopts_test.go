@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,6 +60,7 @@ func TestAgentDeveloperOptions(t *testing.T) {
 	}
 
 	var caps []struct {
+		ID                 uint64
 		Method, Path, Code string
 		Status             int
 		Request            struct{ Head, Body string }
@@ -72,8 +74,17 @@ func TestAgentDeveloperOptions(t *testing.T) {
 	if c := caps[0]; c.Status != 200 || c.Path != "/hook" || !strings.Contains(c.Request.Head, "Host: localhost:"+port) || c.Request.Body != "cGF5bG9hZA==" {
 		t.Errorf("inspector's newest request: %+v", c)
 	}
-	if c := caps[1]; c.Status != 401 || c.Code != "basic_auth_required" {
+	if c := caps[1]; c.Status != 401 || c.Code != "basic_auth_required" || !strings.HasPrefix(c.Request.Head, "POST /hook HTTP/1.1\r\n") {
 		t.Errorf("inspector's refused request: %+v", c)
+	}
+	// The refused request's body never left the agent: it cannot be replayed.
+	resp, err = visitorClient(t, inspect).Post("http://"+inspect+"/api/requests/"+strconv.FormatUint(caps[1].ID, 10)+"/replay", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusConflict {
+		t.Errorf("replay of a request whose body was not kept: %d, want 409", resp.StatusCode)
 	}
 	for _, want := range []string{`"status":401,"code":"basic_auth_required"`, `"method":"POST","path":"/hook","status":200`, `"msg":"inspector"`, `"url":"http://` + inspect + `"`} {
 		if !strings.Contains(ag.stderrText(), want) {

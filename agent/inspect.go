@@ -181,23 +181,24 @@ func (in *Inspector) record(x *relay, req *head) {
 		Method: method, Path: target, Status: x.status, Code: x.code,
 		Response: x.cap.resp.message(),
 	}
-	keep := func() {
-		c.Request = x.cap.req.message()
-		if c.Request.Head == "" {
-			// Nothing went to the local service (the agent answered
-			// itself): show the head as it came, its body as not kept.
-			c.Request = Message{Head: string(req.raw), Truncated: req.chunked || req.length > 0}
-		}
-		in.add(c)
-	}
 	if body := x.body; body != nil {
+		// The head went out before the body did. req's buffer goes back
+		// to its pool when the exchange returns: the goroutine reads only
+		// the record.
 		go func() {
 			<-body // closed when the body goroutine ends, as it does with the exchange's connections
-			keep()
+			c.Request = x.cap.req.message()
+			in.add(c)
 		}()
 		return
 	}
-	keep()
+	c.Request = x.cap.req.message()
+	if c.Request.Head == "" {
+		// Nothing went to the local service (the agent answered itself):
+		// show the head as it came, its body as not kept.
+		c.Request = Message{Head: string(req.raw), Truncated: req.chunked || req.length > 0}
+	}
+	in.add(c)
 }
 
 // requestLine returns a request head's method and target.

@@ -168,8 +168,9 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 	policy := e.authenticate(h.Token)
 	if policy == nil {
 		e.auth.fail(s.remote, time.Now())
-		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
+		// Counted before the agent hears of it, which may stop at once.
 		e.metrics.bindResult(mux.CodeUnauthorized)
+		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
 		return errors.New("unauthorized token")
 	}
 	s.instanceID, s.tokenID, s.policy = h.InstanceID, tokenID(h.Token), policy
@@ -218,8 +219,8 @@ func (e *Edge) register(s *session) error {
 
 // refuseSessionLimit tells the agent its token is at its session limit.
 func (e *Edge) refuseSessionLimit(s *session, max int) error {
-	s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
 	e.metrics.bindResult(mux.CodeLimitExceeded)
+	s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
 	return errors.New("token session limit")
 }
 

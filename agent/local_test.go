@@ -32,30 +32,56 @@ func relayAgent(t *testing.T, local string) *Agent {
 	return relayAgentWith(t, local, Config{}, slog.New(slog.DiscardHandler))
 }
 
-// relayAgentWith is relayAgent with the upstream settings of cfg and a
-// logger.
+// relayAgentWith is relayAgent with the settings of cfg (New's, with no
+// edge dialled) and a logger.
 func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *Agent {
 	t.Helper()
-	u, err := ParseLocal(local)
+	cfg.Edge, cfg.Local = "localhost:1", local
+	cfg.UpstreamTimeout, cfg.UpstreamDialTimeout = 5*time.Second, 5*time.Second
+	a, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
-	}
-	cfg.UpstreamTimeout, cfg.UpstreamDialTimeout = 5*time.Second, 5*time.Second
-	a := &Agent{cfg: cfg.withDefaults(), log: log, local: u}
-	a.pool = a.newPool()
-	a.auth = newBasicAuth(cfg.BasicAuth)
-	a.hostHeader = hostHeader(cfg.HostHeader, u)
-	if cfg.InspectAddr != "" {
-		a.inspect = newInspector(a)
 	}
 	if err := a.loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}
-	a.watchAfter = watchAfter
 	a.pool.maxIdle = 4
 	a.pool.probeIdle = time.Hour
 	t.Cleanup(a.pool.CloseIdleConnections)
 	return a
+}
+
+// tcpPair returns both ends of a loopback TCP connection, closed when the
+// test ends.
+func tcpPair(t *testing.T) (c, peer net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err = ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); peer.Close() })
+	return c, peer
+}
+
+// deadAddr returns a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
 }
 
 // exchange is one relayed exchange seen from the edge's side.
@@ -68,19 +94,7 @@ type exchange struct {
 // open starts an exchange: serveStream runs on the far end of c.
 func open(t *testing.T, a *Agent) *exchange {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	st, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, st := tcpPair(t)
 	x := &exchange{c: c, br: bufio.NewReader(c), done: make(chan struct{})}
 	var once sync.Once
 	var wg sync.WaitGroup
@@ -446,12 +460,7 @@ func TestRelayTimeoutAndAbandon(t *testing.T) {
 }
 
 func TestRelayLocalErrors(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	resp, body := do(t, relayAgent(t, dead), "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
 
@@ -531,14 +540,8 @@ func TestRelayHTTPSLocal(t *testing.T) {
 // reported as a warning with a hint, at most once every localWarnEvery;
 // the next warning counts the failures in between.
 func TestLocalFailureWarnings(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close() // nothing listens there now
 	var logs strings.Builder
-	a := relayAgentWith(t, addr, Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	a := relayAgentWith(t, deadAddr(t), Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
 	for range 3 {
 		resp, body := do(t, a, "GET", "")
 		wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
@@ -583,20 +586,7 @@ func TestRelayWatchedExchangeKeepsConnection(t *testing.T) {
 // from one with bytes waiting (which it leaves unread) and from one the
 // peer closed, at once and every time.
 func TestSocketIdle(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, peer := tcpPair(t)
 	lc := &localConn{Conn: c}
 	for range 100 {
 		if !lc.alive() {
@@ -688,12 +678,7 @@ func TestLogRequests(t *testing.T) {
 	req, _ = http.NewRequest("GET", "http://app.ngstone.test/missing", nil)
 	relayOnce(t, a, req)
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	down := relayAgentWith(t, dead, Config{LogRequests: true}, slog.New(slog.NewJSONHandler(&logs, nil)))
 	do(t, down, "GET", "")
 
@@ -752,12 +737,7 @@ func TestHostHeader(t *testing.T) {
 			t.Errorf("host-header %q: the local service saw Host and X-Forwarded-Host %q, want %q", tc.option, got, want)
 		}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := deadAddr(t)
 	a := relayAgentWith(t, dead, Config{HostHeader: "rewrite"}, slog.New(slog.DiscardHandler))
 	req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
 	req.Header.Set("X-Forwarded-Host", "app.ngstone.test")

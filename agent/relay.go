@@ -468,10 +468,8 @@ func (x *relay) answer(req *head, out *outBuf, code string) {
 
 // logRequest logs the exchange of req, which started at start.
 func (x *relay) logRequest(req *head, start time.Time) {
-	first, _, _ := firstLine(req.raw)
-	method, rest, _ := bytes.Cut(first, []byte(" "))
-	target, _, _ := bytes.Cut(rest, []byte(" "))
-	args := []any{"method", string(method), "path", string(target), "status", x.status}
+	method, target := requestLine(req.raw)
+	args := []any{"method", method, "path", target, "status", x.status}
 	switch {
 	case x.code != "":
 		args = append(args, "code", x.code)

@@ -2,7 +2,6 @@ package edge
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -55,31 +54,9 @@ func (e *Edge) serveDirect(w http.ResponseWriter, r *http.Request, rt route, for
 		return
 	}
 	x := &exchange{conn: conn, visitor: w}
-	x.stop = context.AfterFunc(r.Context(), x.close)
 	hasBody := r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0
-	var wrote chan error
-	if !hasBody {
-		if err := writeDirect(conn, r, forwarded, false); err != nil {
-			x.close()
-			e.visitorFailed(w, r, rt.hostname, err)
-			return
-		}
-	} else {
-		// The body streams while the response is read: the agent may
-		// answer before it has read all of it.
-		wrote = make(chan error, 1)
-		go func() {
-			err := writeDirect(conn, r, forwarded, true)
-			wrote <- err // before the close, which the response read sees
-			if err != nil {
-				x.close()
-			}
-		}()
-	}
-	resp, err := x.readResponse(r, e.cfg.TunnelTimeout)
+	resp, wrote, err := x.start(r, hasBody, func() error { return writeDirect(conn, r, forwarded, hasBody) }, e.cfg.TunnelTimeout)
 	if err != nil {
-		x.close()
-		x.release()
 		select {
 		case werr := <-wrote:
 			// A body over the limit ends the exchange: say so.

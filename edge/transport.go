@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -37,28 +38,43 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// The reverse proxy passes informational responses on.
 	x := &exchange{conn: conn, trace: httptrace.ContextClientTrace(req.Context())}
+	hasBody := req.Body != nil && req.Body != http.NoBody
+	resp, _, err := x.start(req, hasBody, func() error { return writeRequest(conn, req) }, t.e.cfg.TunnelTimeout)
+	return resp, err
+}
+
+// start runs the exchange up to the response head: it writes the request
+// with write, at once when it has no body and on a goroutine of its own
+// otherwise (the agent may answer before it has read all of the body, and
+// the body streams while the response is read), then reads the response
+// head within timeout. The exchange ends when req's context does. When the
+// body streams, wrote receives write's error. On an error the exchange is
+// over.
+func (x *exchange) start(req *http.Request, hasBody bool, write func() error, timeout time.Duration) (resp *http.Response, wrote <-chan error, err error) {
 	x.stop = context.AfterFunc(req.Context(), x.close)
-	if req.Body == nil || req.Body == http.NoBody {
-		if err := writeRequest(conn, req); err != nil {
+	if !hasBody {
+		if err := write(); err != nil {
 			x.close()
-			return nil, err
+			return nil, nil, err
 		}
 	} else {
-		// The body streams while the response is read: the agent may
-		// answer before it has read all of it.
+		ch := make(chan error, 1)
 		go func() {
-			if writeRequest(conn, req) != nil {
+			err := write()
+			ch <- err // before the close, which the response read sees
+			if err != nil {
 				x.close()
 			}
 		}()
+		wrote = ch
 	}
-	resp, err := x.readResponse(req, t.e.cfg.TunnelTimeout)
+	resp, err = x.readResponse(req, timeout)
 	if err != nil {
 		x.close()
 		x.release()
-		return nil, err
+		return nil, wrote, err
 	}
-	return resp, nil
+	return resp, wrote, nil
 }
 
 func writeRequest(conn net.Conn, req *http.Request) error {
@@ -180,12 +196,16 @@ func (x *exchange) inform(code int, h http.Header) error {
 		return nil
 	}
 	dropHopHeaders(h)
+	// The visitor's header map is both what WriteHeader(1xx) sends and
+	// what the final response will send: the 1xx goes out with its own
+	// fields only, and the map is given back as it was.
 	dst := x.visitor.Header()
-	for k, vv := range h {
-		dst[k] = vv
-	}
+	kept := maps.Clone(dst)
+	clear(dst)
+	maps.Copy(dst, h)
 	x.visitor.WriteHeader(code)
-	clear(dst) // WriteHeader keeps them for the final response otherwise
+	clear(dst)
+	maps.Copy(dst, kept)
 	return nil
 }
 

@@ -9,6 +9,7 @@
 //	go run ./bench -quick     # a fast, rougher run
 //	go run ./bench -self -window 262144 -profile /tmp/prof -phases get
 //	go run ./bench -frp /tmp/frp -floor  # also frp, and two bare TCP relays
+//	go run ./bench -muxfloor             # also two relays over ngstone's TLS+yamux link
 //
 // It prints a Markdown table on stdout and its progress on stderr.
 package main
@@ -44,6 +45,7 @@ type options struct {
 	schemes  []string
 	frp      string
 	floor    bool
+	muxFloor bool
 }
 
 func main() {
@@ -87,6 +89,7 @@ func parseFlags() options {
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
+	flag.BoolVar(&o.muxFloor, "muxfloor", false, "also measure the mux floor: two relay processes with ngstone's TLS and yamux link between them, a stream per visitor connection, no HTTP (GET and transfer phases)")
 	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")
 	childEnv := flag.String("childenv", "", "extra environment for the edge and agent, KEY=VALUE separated by commas (e.g. GOMAXPROCS=1)")
 	flag.Parse()

@@ -60,6 +60,13 @@ func (b *bench) startPeers() error {
 		}
 		b.peers = append(b.peers, p)
 	}
+	if b.o.muxFloor {
+		p, err := b.startMuxFloor()
+		if err != nil {
+			return err
+		}
+		b.peers = append(b.peers, p)
+	}
 	return nil
 }
 

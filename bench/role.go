@@ -20,10 +20,10 @@ import (
 // roleEnv names the environment variable under which the bench binary runs
 // as a child edge or agent (with -self): the same packages the ngstone
 // binary runs, plus a CPU profile and a yamux stream window of choice; and
-// as a relay of the floor (-floor).
+// as a relay of the floor (-floor) and a side of the mux floor (-muxfloor).
 const roleEnv = "NGSTONE_BENCH_ROLE"
 
-// runRole runs the edge, the agent or a floor relay until SIGTERM; it returns the exit code.
+// runRole runs the edge, the agent, a floor relay or a mux floor side until SIGTERM; it returns the exit code.
 func runRole(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ExitOnError)
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
@@ -38,7 +38,8 @@ func runRole(role string, args []string) int {
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
 	listen := fs.String("listen", "", "relay: listen address")
-	to := fs.String("to", "", "relay: next hop")
+	to := fs.String("to", "", "relay, mux agent: next hop")
+	tunnel := fs.String("tunnel", "", "mux edge: tunnel listener")
 	fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -76,13 +77,15 @@ func runRole(role string, args []string) int {
 			err = a.Run(ctx)
 		}
 	case "relay":
-		if err = runRelay(ctx, *listen, *to); errors.Is(err, context.Canceled) {
-			err = nil
-		}
+		err = runRelay(ctx, *listen, *to)
+	case "muxedge":
+		err = runMuxEdge(ctx, *listen, *tunnel, *dataDir)
+	case "muxagent":
+		err = runMuxAgent(ctx, *edgeAddr, *to)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, context.Canceled) {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}

@@ -1,0 +1,224 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ngstone/ngstone/certs"
+	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// The mux floor (-muxfloor) is the link DESIGN.md fixes between agent and
+// edge, with nothing on top: one TLS connection carrying yamux streams,
+// built from ngstone's own mux package (batched socket, coalesced frames,
+// the same stream window). The edge-side relay opens one stream per visitor
+// connection and copies bytes; the agent-side relay dials the backend for
+// each stream and copies bytes. There is no HTTP parsing, no routing and no
+// stream per request: what any tunnel on that link costs on this machine,
+// with frp's and rathole's TCP tunnels as its kin.
+
+// muxDomain names the mux floor's self-signed certificate.
+const muxDomain = "muxfloor.bench.test"
+
+// runMuxEdge serves visitors on listen through the latest agent session
+// accepted on tunnel, until ctx ends.
+func runMuxEdge(ctx context.Context, listen, tunnel, dataDir string) error {
+	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: dataDir}, nil, nil)
+	if err != nil {
+		return err
+	}
+	if err := m.Start(ctx); err != nil {
+		return err
+	}
+	defer m.Close()
+	vl, err := net.Listen("tcp", listen)
+	if err != nil {
+		return err
+	}
+	tl, err := net.Listen("tcp", tunnel)
+	if err != nil {
+		vl.Close()
+		return err
+	}
+	return muxEdge(ctx, vl, tls.NewListener(mux.BatchedListener(tl), m.TLSConfig()))
+}
+
+// muxEdge serves visitors accepted on vl through the latest session accepted
+// on tl, until ctx ends; then it returns ctx's error once every connection
+// has ended.
+func muxEdge(ctx context.Context, vl, tl net.Listener) error {
+	yc, err := mux.DefaultConfig().Yamux(nil)
+	if err != nil {
+		return err
+	}
+	var cur atomic.Pointer[yamux.Session]
+	var sessions []*yamux.Session
+	var mu sync.Mutex
+	context.AfterFunc(ctx, func() {
+		vl.Close()
+		tl.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range sessions {
+			s.Close()
+		}
+	})
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	conns.Go(func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			s, err := yamux.Server(mux.Coalesce(c), yc)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			if ctx.Err() != nil {
+				mu.Unlock()
+				s.Close()
+				return
+			}
+			sessions = append(sessions, s)
+			mu.Unlock()
+			if old := cur.Swap(s); old != nil {
+				old.Close()
+			}
+		}
+	})
+	for {
+		c, err := vl.Accept()
+		if err != nil {
+			return ctx.Err()
+		}
+		conns.Go(func() {
+			defer c.Close()
+			s := cur.Load()
+			if s == nil {
+				return
+			}
+			st, err := s.OpenStream()
+			if err != nil {
+				return
+			}
+			splice(c.(*net.TCPConn), st)
+		})
+	}
+}
+
+// runMuxAgent dials the mux edge's tunnel listener at edge and serves its
+// streams by dialing to, until ctx ends.
+func runMuxAgent(ctx context.Context, edge, to string) error {
+	raw, err := net.Dial("tcp", edge)
+	if err != nil {
+		return err
+	}
+	// The floor measures cost, not trust: the certificate is the mux edge's
+	// own self-signed one, made a moment ago.
+	c := tls.Client(mux.Batched(raw), &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
+	return muxAgent(ctx, c, to)
+}
+
+// muxAgent runs a yamux client session over c and relays each stream the
+// other side opens to a new connection to to, until ctx ends or the session
+// does; it returns once every stream has ended.
+func muxAgent(ctx context.Context, c net.Conn, to string) error {
+	yc, err := mux.DefaultConfig().Yamux(nil)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	s, err := yamux.Client(mux.Coalesce(c), yc)
+	if err != nil {
+		c.Close()
+		return err
+	}
+	stop := context.AfterFunc(ctx, func() { s.Close() })
+	defer stop()
+	var streams sync.WaitGroup
+	defer streams.Wait()
+	defer s.Close()
+	for {
+		st, err := s.AcceptStream()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("mux floor session: %w", err)
+		}
+		streams.Go(func() {
+			defer st.Close()
+			u, err := net.Dial("tcp", to)
+			if err != nil {
+				return
+			}
+			defer u.Close()
+			splice(u.(*net.TCPConn), st)
+		})
+	}
+}
+
+// splice copies both ways between a socket and a stream, passing each
+// side's end on as a half-close, and returns when both ways are done.
+func splice(c *net.TCPConn, st *yamux.Stream) {
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		io.Copy(st, c)
+		st.Close() // yamux's Close is a half-close: the stream still reads
+	})
+	io.Copy(c, st)
+	c.CloseWrite()
+	wg.Wait()
+}
+
+// startMuxFloor runs a mux edge and a mux agent in front of the backend's
+// plain and TLS listeners; TLS, for the HTTPS rows, is the backend's own,
+// end to end, inside the tunnel's TLS.
+func (b *bench) startMuxFloor() (*peer, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{name: "mux floor", targets: map[string]target{}}
+	for _, scheme := range []string{"http", "https"} {
+		d := b.direct(scheme)
+		to := strings.TrimPrefix(d.base, scheme+"://")
+		listen, tunnel := freePort(), freePort()
+		dir := filepath.Join(b.dir, "muxfloor-"+scheme)
+		pr, err := startProc("mux edge "+scheme, self, []string{"-listen", listen, "-tunnel", tunnel, "-data-dir", dir},
+			append([]string{roleEnv + "=muxedge"}, b.o.childEnv...), filepath.Join(b.dir, "muxfloor.log"))
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		p.procs = append(p.procs, pr)
+		if waitFor(15*time.Second, func() bool { return canDial(tunnel) }) != nil {
+			p.stop()
+			return nil, errors.New("mux edge did not listen within 15s; see its log with -keep")
+		}
+		pr, err = startProc("mux agent "+scheme, self, []string{"-edge", tunnel, "-to", to},
+			append([]string{roleEnv + "=muxagent"}, b.o.childEnv...), filepath.Join(b.dir, "muxfloor.log"))
+		if err != nil {
+			p.stop()
+			return nil, err
+		}
+		p.procs = append(p.procs, pr)
+		d.base = scheme + "://" + listen
+		p.targets[scheme] = d
+	}
+	return p, b.waitPeer(p)
+}

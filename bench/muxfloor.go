@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -189,34 +188,22 @@ func splice(c *net.TCPConn, st *yamux.Stream) {
 // plain and TLS listeners; TLS, for the HTTPS rows, is the backend's own,
 // end to end, inside the tunnel's TLS.
 func (b *bench) startMuxFloor() (*peer, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	p := &peer{name: "mux floor", targets: map[string]target{}}
 	for _, scheme := range []string{"http", "https"} {
 		d := b.direct(scheme)
 		to := strings.TrimPrefix(d.base, scheme+"://")
 		listen, tunnel := freePort(), freePort()
 		dir := filepath.Join(b.dir, "muxfloor-"+scheme)
-		pr, err := startProc("mux edge "+scheme, self, []string{"-listen", listen, "-tunnel", tunnel, "-data-dir", dir},
-			append([]string{roleEnv + "=muxedge"}, b.o.childEnv...), filepath.Join(b.dir, "muxfloor.log"))
-		if err != nil {
-			p.stop()
+		if err := b.startRole(p, "mux edge "+scheme, "muxedge", "-listen", listen, "-tunnel", tunnel, "-data-dir", dir); err != nil {
 			return nil, err
 		}
-		p.procs = append(p.procs, pr)
 		if waitFor(15*time.Second, func() bool { return canDial(tunnel) }) != nil {
 			p.stop()
 			return nil, errors.New("mux edge did not listen within 15s; see its log with -keep")
 		}
-		pr, err = startProc("mux agent "+scheme, self, []string{"-edge", tunnel, "-to", to},
-			append([]string{roleEnv + "=muxagent"}, b.o.childEnv...), filepath.Join(b.dir, "muxfloor.log"))
-		if err != nil {
-			p.stop()
+		if err := b.startRole(p, "mux agent "+scheme, "muxagent", "-edge", tunnel, "-to", to); err != nil {
 			return nil, err
 		}
-		p.procs = append(p.procs, pr)
 		d.base = scheme + "://" + listen
 		p.targets[scheme] = d
 	}

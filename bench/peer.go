@@ -133,29 +133,38 @@ func canDial(addr string) bool {
 // backend's plain and TLS listeners; TLS, for the HTTPS rows, is the
 // backend's own, end to end.
 func (b *bench) startFloor() (*peer, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	p := &peer{name: "floor", targets: map[string]target{}}
 	for _, scheme := range []string{"http", "https"} {
 		d := b.direct(scheme)
 		to := strings.TrimPrefix(d.base, scheme+"://")
 		for i := range 2 {
 			addr := freePort()
-			pr, err := startProc(fmt.Sprintf("relay %s %d", scheme, i+1), self, []string{"-listen", addr, "-to", to},
-				append([]string{roleEnv + "=relay"}, b.o.childEnv...), filepath.Join(b.dir, "relay.log"))
-			if err != nil {
-				p.stop()
+			if err := b.startRole(p, fmt.Sprintf("relay %s %d", scheme, i+1), "relay", "-listen", addr, "-to", to); err != nil {
 				return nil, err
 			}
-			p.procs = append(p.procs, pr)
 			to = addr
 		}
 		d.base = scheme + "://" + to
 		p.targets[scheme] = d
 	}
 	return p, b.waitPeer(p)
+}
+
+// startRole starts this binary as role (a relay of the floor, a side of
+// the mux floor) with args and adds it to p's processes; on an error it
+// stops p.
+func (b *bench) startRole(p *peer, name, role string, args ...string) error {
+	self, err := os.Executable()
+	if err == nil {
+		var pr *proc
+		pr, err = startProc(name, self, args, append([]string{roleEnv + "=" + role}, b.o.childEnv...), filepath.Join(b.dir, role+".log"))
+		if err == nil {
+			p.procs = append(p.procs, pr)
+			return nil
+		}
+	}
+	p.stop()
+	return err
 }
 
 func (b *bench) waitPeer(p *peer) error {

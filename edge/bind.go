@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
@@ -81,7 +82,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	if errors.Is(err, registry.ErrTaken) {
 		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)
 		return &mux.BindError{Subdomain: name, Code: mux.CodeSubdomainTaken,
-			Message: fmt.Sprintf("%s is in use by another agent: choose another --subdomain, or stop the agent that holds it", host)}
+			Message: fmt.Sprintf("%s is in use by another agent: choose another --subdomain, or stop the agent that holds it%s", host, e.silentHolder(ctx, host))}
 	}
 	if err != nil {
 		s.log.Error("bind failed", "hostname", host, "err", err)
@@ -151,4 +152,37 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 		}
 	}
 	return n, nil
+}
+
+// silentHolder says, for a refused bind, how long the agent holding host
+// has not been heard from and when the name frees itself if it stays
+// silent, once it has been silent for a third of the heartbeat timeout.
+// That agent is often the user's own, on a laptop whose network dropped
+// and whose process they restarted. It returns "" for a holder heard from
+// recently, or held by another edge of the cluster.
+func (e *Edge) silentHolder(ctx context.Context, host string) string {
+	b, ok := e.lookup(ctx, host)
+	if !ok || !e.local(b) {
+		return ""
+	}
+	s := e.session(b.SessionID)
+	if s == nil {
+		return ""
+	}
+	silent := time.Since(time.Unix(0, s.lastBeat.Load()))
+	left := e.cfg.HeartbeatTimeout - silent
+	if silent < e.cfg.HeartbeatTimeout/3 || left <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("; it has not been heard from for %s, and the name frees itself in %s if it stays silent",
+		silent.Truncate(unitOf(silent)), (left + unitOf(left) - 1).Truncate(unitOf(left)))
+}
+
+// unitOf is what a duration shown to a person is rounded to: a second, or
+// 100 ms under ten seconds.
+func unitOf(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return 100 * time.Millisecond
+	}
+	return time.Second
 }

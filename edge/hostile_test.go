@@ -418,3 +418,48 @@ func TestTokenBindingLimitRestartedAgent(t *testing.T) {
 		t.Fatalf("a second name for a token limited to one: %s, want %s", code, mux.CodeLimitExceeded)
 	}
 }
+
+// TestTakenNameSaysWhenItFrees: a bind refused because another instance
+// holds the name says, once that holder has been silent a while, how long
+// it has been silent and when the name frees itself: the holder is often
+// the user's own agent, on a laptop whose network dropped.
+func TestTakenNameSaysWhenItFrees(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = 6 * time.Second // a raw session sends no heartbeats
+	e := tunneltest.StartEdge(t, cfg)
+	holder, _ := e.DialRaw(t, hello(""))
+	if m, ok := holder.Bind(t, &mux.Bind{Subdomain: "mine"}).(*mux.BindOK); !ok {
+		t.Fatalf("first bind: %v", m)
+	}
+	refusal := func() string {
+		t.Helper()
+		r, _ := e.DialRaw(t, hello(""))
+		m, ok := r.Bind(t, &mux.Bind{Subdomain: "mine"}).(*mux.BindError)
+		if !ok || m.Code != mux.CodeSubdomainTaken {
+			t.Fatalf("a second instance's bind: %v, want %s", m, mux.CodeSubdomainTaken)
+		}
+		r.YS.Close()
+		return m.Message
+	}
+	if msg := refusal(); strings.Contains(msg, "heard from") {
+		t.Errorf("a holder bound a moment ago is called silent: %q", msg)
+	}
+	var msg string
+	tunneltest.Eventually(t, 5*time.Second, "the refusal to name the holder's silence", func() bool {
+		msg = refusal()
+		return strings.Contains(msg, "has not been heard from for")
+	})
+	var ds []time.Duration
+	for _, f := range strings.FieldsFunc(msg, func(r rune) bool { return r == ' ' || r == ',' }) {
+		if d, err := time.ParseDuration(f); err == nil {
+			ds = append(ds, d)
+		}
+	}
+	if len(ds) != 2 {
+		t.Fatalf("want two durations in %q", msg)
+	}
+	silent, left := ds[0], ds[1]
+	if silent < 2*time.Second || left <= 0 || silent+left < 5900*time.Millisecond || silent+left > 6100*time.Millisecond {
+		t.Errorf("silent %s and frees in %s, for a 6s heartbeat timeout: %q", silent, left, msg)
+	}
+}

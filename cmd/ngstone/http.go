@@ -74,6 +74,19 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 		cfg.Edge = e.Addr("control").String()
 		cfg.CAFile = e.CAFile()
 		fmt.Fprintf(os.Stderr, "Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)\n", e.CAFile(), e.CAFile())
+	} else if cfg.Subdomain != "" && cfg.InstanceID == "" {
+		// A restarted agent is the same instance as the one before it
+		// on this machine, and takes its name back at once.
+		if dir, err := os.UserCacheDir(); err == nil {
+			id, kept, release, err := agent.KeepInstance(filepath.Join(dir, "ngstone", "instances"), cfg)
+			if err != nil {
+				log.Warn("instance id not kept: a restarted agent will wait for the edge to give up on this one", "err", err)
+			} else {
+				defer release()
+				cfg.InstanceID = id
+				log.Debug("instance id", "id", id, "kept_from_earlier_run", kept)
+			}
+		}
 	}
 	out := newStatusPrinter(stdout, log, isTerminal(os.Stdout))
 	cfg.OnStatus = out.update

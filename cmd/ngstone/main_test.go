@@ -29,6 +29,9 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	ngstoneBin = filepath.Join(dir, "ngstone")
+	// The agents the tests start keep their instance ids (and the embedded
+	// edge its CA) in a cache of the tests' own, not the user's.
+	os.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
 	// Built as the Dockerfile builds it: static, trimmed, version stamped.
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+testVersion+" -X main.commit="+testCommit, "-o", ngstoneBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")

@@ -33,9 +33,12 @@ service on this machine.
 
 The agent prints "Forwarding URL -> LOCAL" on stdout once bound, and again
 after every rebind. It reconnects on its own when the network or the edge
-drops, and gets the same URL back. Exit codes: 0 after Ctrl-C, 1 on an
-error, 2 on bad usage, 3 when the edge refuses the token or the name,
-4 when another agent took the name over.
+drops, and gets the same URL back. With --subdomain and --edge, an agent
+started again on this machine is the same instance as the last one (its id
+is kept in the user cache directory), so it takes its name back at once even
+if the edge has not yet noticed that the last one is gone. Exit codes: 0
+after Ctrl-C, 1 on an error, 2 on bad usage, 3 when the edge refuses the
+token or the name, 4 when another agent took the name over.
 
 Every flag is also an environment variable (NGSTONE_ + the flag in upper case,
 '-' as '_', e.g. NGSTONE_AUTHTOKEN; NGSTONE_AUTHTOKEN_FILE reads it from a

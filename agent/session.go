@@ -77,6 +77,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, err
 	}
+	yc.CloseLinger = closeLinger
 	ys, err := yamux.Client(mux.Coalesce(nc), yc)
 	if err != nil {
 		nc.Close()
@@ -89,6 +90,13 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	}
 	return c, nil
 }
+
+// closeLinger bounds how long closing a session that met no error (a
+// drained, abandoned or stopped one) waits for the edge to close its side
+// after the agent's close_notify. Closing at once, with the edge's window
+// updates or pings unread, would make the kernel send a reset and drop the
+// tail of a response the network had not yet carried.
+const closeLinger = time.Second
 
 // dialTLS dials the edge, with TLS over a batched socket so that a
 // transfer's records leave and arrive in few syscalls (mux.Batched).

@@ -2,6 +2,7 @@ package mux
 
 import (
 	"encoding/binary"
+	"errors"
 	"net"
 	"sync"
 	"time"
@@ -207,6 +208,36 @@ func (c *coalescedConn) Close() error {
 		c.closeErr = c.Conn.Close()
 	})
 	return c.closeErr
+}
+
+// CloseWrite writes out what is buffered, then ends the writing side of
+// the connection beneath: under TLS a close_notify alert, which the peer
+// reads as the end of the stream once it has read everything before it.
+// yamux's Close calls it to linger (yamux.Config.CloseLinger); nothing is
+// written after it. A flush blocked for closeFlushTimeout is broken off.
+func (c *coalescedConn) CloseWrite() error {
+	cw, ok := c.Conn.(interface{ CloseWrite() error })
+	if !ok {
+		return errors.ErrUnsupported
+	}
+	c.mu.Lock()
+	if c.holding {
+		c.urgent = true
+		c.startFlushLocked()
+	}
+	if c.flushing {
+		t := time.AfterFunc(closeFlushTimeout, c.breakFlush)
+		for c.flushing {
+			c.cond.Wait()
+		}
+		t.Stop()
+	}
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return cw.CloseWrite()
 }
 
 // breakFlush ends a flush blocked on a peer that does not read. Under TLS

@@ -235,6 +235,46 @@ func TestCoalesceCloseSendsHeldFrames(t *testing.T) {
 	}
 }
 
+// TestCoalesceCloseWrite: CloseWrite sends what is buffered, held frames
+// included, then ends the writing side under TLS (close_notify): the peer
+// reads every byte, then the end, while the reading side stays open.
+func TestCoalesceCloseWrite(t *testing.T) {
+	client, server := tcpPair(t)
+	tc, ts := tlsPair(t, Batched(client), Batched(server))
+	c := Coalesce(ts)
+	t.Cleanup(func() { c.Close(); tc.Close() })
+	body := bytes.Repeat([]byte("tail"), 64<<10)
+	fin := heldFrame(0x4, 5)
+	want := append(append(dataHeader(len(body)), body...), fin...)
+	for _, p := range [][]byte{dataHeader(len(body)), body, fin} {
+		if _, err := c.Write(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.(interface{ CloseWrite() error }).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	tc.SetDeadline(time.Now().Add(5 * time.Second))
+	got, err := io.ReadAll(tc)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("peer read %d of %d bytes (%v), or not the ones written", len(got), len(want), err)
+	}
+	// The other way still works.
+	if _, err := tc.Write([]byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(c, b); err != nil || string(b) != "reply" {
+		t.Fatalf("read after CloseWrite: %q, %v", b, err)
+	}
+	// Without a CloseWrite beneath, it says so.
+	p1, _ := tcpPair(t)
+	if err := Coalesce(struct{ net.Conn }{p1}).(interface{ CloseWrite() error }).CloseWrite(); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("CloseWrite over a conn without one: %v", err)
+	}
+}
+
 // TestCoalesceStalledPeer: with the peer not reading, writes block once the
 // buffer is full, and Close still returns within about closeFlushTimeout.
 func TestCoalesceStalledPeer(t *testing.T) {

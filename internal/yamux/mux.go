@@ -26,6 +26,16 @@ type Config struct {
 	// an expectation that things will move along quickly.
 	ConnectionWriteTimeout time.Duration
 
+	// CloseLinger (ngstone's change), when positive, makes Close of a
+	// session that has met no error half-close its connection first, if
+	// the connection has a CloseWrite method, and wait up to this long for
+	// the peer to close its side before closing the connection. Closing a
+	// TCP connection with unread bytes sends a reset, which throws away
+	// what this side had written but the network had not yet carried; the
+	// peer, told of the end by the half-close, closes after reading
+	// everything. Zero closes at once, as upstream does.
+	CloseLinger time.Duration
+
 	// MaxStreamWindowSize is used to control the maximum
 	// window size that we allow for a stream.
 	MaxStreamWindowSize uint32

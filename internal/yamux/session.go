@@ -279,12 +279,16 @@ func (s *Session) Close() error {
 	s.shutdown = true
 
 	s.shutdownErrLock.Lock()
+	graceful := s.shutdownErr == nil
 	if s.shutdownErr == nil {
 		s.shutdownErr = ErrSessionShutdown
 	}
 	s.shutdownErrLock.Unlock()
 
 	close(s.shutdownCh)
+	if graceful {
+		s.linger()
+	}
 
 	s.conn.Close()
 	<-s.recvDoneCh
@@ -296,6 +300,30 @@ func (s *Session) Close() error {
 	}
 	<-s.sendDoneCh
 	return nil
+}
+
+// linger half-closes the connection once the send loop has stopped, and
+// waits, up to CloseLinger, for the peer to close its side (ngstone's
+// change; see Config.CloseLinger).
+func (s *Session) linger() {
+	cw, ok := s.conn.(interface{ CloseWrite() error })
+	if s.config.CloseLinger <= 0 || !ok {
+		return
+	}
+	t := time.NewTimer(s.config.CloseLinger)
+	defer t.Stop()
+	select {
+	case <-s.sendDoneCh:
+	case <-t.C:
+		return // a write still blocked: no half-close behind it
+	}
+	if cw.CloseWrite() != nil {
+		return
+	}
+	select {
+	case <-s.recvDoneCh:
+	case <-t.C:
+	}
 }
 
 // exitErr is used to handle an error that is causing the

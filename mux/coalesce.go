@@ -191,17 +191,7 @@ func (c *coalescedConn) Close() error {
 		if c.timer != nil {
 			c.timer.Stop()
 		}
-		if c.holding {
-			c.urgent = true
-			c.startFlushLocked()
-		}
-		if c.flushing {
-			t := time.AfterFunc(closeFlushTimeout, c.breakFlush)
-			for c.flushing {
-				c.cond.Wait()
-			}
-			t.Stop()
-		}
+		c.writeOutLocked()
 		c.err = net.ErrClosed
 		c.buf = nil // at most a data header whose body never came
 		c.mu.Unlock()
@@ -221,6 +211,19 @@ func (c *coalescedConn) CloseWrite() error {
 		return errors.ErrUnsupported
 	}
 	c.mu.Lock()
+	c.writeOutLocked()
+	err := c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return cw.CloseWrite()
+}
+
+// writeOutLocked sends held frames at once and waits for the flusher to
+// write out everything buffered, breaking off a flush blocked for
+// closeFlushTimeout. c.mu is held.
+func (c *coalescedConn) writeOutLocked() {
 	if c.holding {
 		c.urgent = true
 		c.startFlushLocked()
@@ -232,12 +235,6 @@ func (c *coalescedConn) CloseWrite() error {
 		}
 		t.Stop()
 	}
-	err := c.err
-	c.mu.Unlock()
-	if err != nil {
-		return err
-	}
-	return cw.CloseWrite()
 }
 
 // breakFlush ends a flush blocked on a peer that does not read. Under TLS

@@ -172,8 +172,8 @@ func (c Config) Validate() error {
 	if c.HostHeader != "" && !validHostHeader(c.HostHeader) {
 		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", c.HostHeader)
 	}
-	if c.InstanceID != "" && len(c.InstanceID) != 32 {
-		return fmt.Errorf("instance id %q: want 32 hex characters", c.InstanceID)
+	if c.InstanceID != "" && !mux.ValidInstanceID(c.InstanceID) {
+		return fmt.Errorf("instance id %q: want 32 lower-case hex characters", c.InstanceID)
 	}
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // A named tunnel's instance id can outlive its agent process. The edge
@@ -55,7 +57,7 @@ func KeepInstance(dir string, cfg Config) (id string, kept bool, release func(),
 		release()
 		return "", false, nil, err
 	}
-	if id := strings.TrimSpace(string(b)); isInstanceID(id) {
+	if id := strings.TrimSpace(string(b)); mux.ValidInstanceID(id) {
 		return id, true, release, nil
 	}
 	id = NewInstanceID()
@@ -74,17 +76,4 @@ func rewrite(f *os.File, s string) error {
 		return err
 	}
 	return f.Sync()
-}
-
-// isInstanceID reports 32 lower-case hex characters, as NewInstanceID makes.
-func isInstanceID(s string) bool {
-	if len(s) != 32 {
-		return false
-	}
-	for _, c := range s {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // TestKeepInstance: a named tunnel's instance id is kept from one run to
@@ -17,12 +19,12 @@ func TestKeepInstance(t *testing.T) {
 	dir := t.TempDir()
 	cfg := Config{Edge: "edge.example:4443", Subdomain: "demo", Token: "secret"}
 	first, kept, release, err := KeepInstance(dir, cfg)
-	if err != nil || kept || !isInstanceID(first) {
+	if err != nil || kept || !mux.ValidInstanceID(first) {
 		t.Fatalf("first run: %q kept=%v %v", first, kept, err)
 	}
 	// A second agent while the first runs is another instance, not kept.
 	other, kept, releaseOther, err := KeepInstance(dir, cfg)
-	if err != nil || kept || other == first || !isInstanceID(other) {
+	if err != nil || kept || other == first || !mux.ValidInstanceID(other) {
 		t.Fatalf("while held: %q kept=%v %v (first %q)", other, kept, err, first)
 	}
 	releaseOther()
@@ -55,7 +57,7 @@ func TestKeepInstance(t *testing.T) {
 		}
 	}
 	fresh, kept, release, err := KeepInstance(dir, cfg)
-	if err != nil || kept || fresh == first || !isInstanceID(fresh) {
+	if err != nil || kept || fresh == first || !mux.ValidInstanceID(fresh) {
 		t.Fatalf("damaged file: %q kept=%v %v", fresh, kept, err)
 	}
 	release()

@@ -3,9 +3,24 @@ package mux
 // Hello is the agent's first frame on the control stream.
 type Hello struct {
 	Version    int    `json:"version"`
-	InstanceID string `json:"instance_id"` // 32 hex characters, fixed for the agent process
+	InstanceID string `json:"instance_id"` // 32 lower-case hex characters (ValidInstanceID), fixed for the agent process
 	Token      string `json:"token,omitempty"`
 	Agent      string `json:"agent,omitempty"` // software version, informational
+}
+
+// ValidInstanceID reports whether id is an instance id as a hello carries
+// it: 32 lower-case hex characters (16 random bytes).
+func ValidInstanceID(id string) bool {
+	if len(id) != 32 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // HelloOK accepts a hello and names the edge-assigned session.

@@ -433,7 +433,9 @@ func (e *Edge) openClusterSession(ctx context.Context, s *session) error {
 // cluster, after s's own record is written: it counts the token's live
 // sessions on every edge, but those of s's instance (which is about to
 // take their bindings over). Two hellos racing on two edges may both be
-// refused, never both let past the limit.
+// refused, never both let past the limit. A refused session's record is
+// gone before the agent hears of it, so that its next hello (or another
+// agent's) does not count it.
 func (e *Edge) clusterSessionLimit(ctx context.Context, s *session) error {
 	max := s.policy.MaxSessions
 	if e.cluster == nil || max <= 0 {
@@ -441,6 +443,7 @@ func (e *Edge) clusterSessionLimit(ctx context.Context, s *session) error {
 	}
 	all, err := e.cluster.store.Sessions(ctx)
 	if err != nil {
+		e.closeClusterSession(s.id)
 		s.send(registryUnreachable)
 		return err
 	}
@@ -451,6 +454,7 @@ func (e *Edge) clusterSessionLimit(ctx context.Context, s *session) error {
 		}
 	}
 	if n >= max {
+		e.closeClusterSession(s.id)
 		return e.refuseSessionLimit(s, max)
 	}
 	return nil

@@ -161,7 +161,7 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 		s.send(&mux.Error{Code: mux.CodeVersion, Message: fmt.Sprintf("this edge speaks protocol %d, the agent %d: upgrade the older one", mux.Version, h.Version)})
 		return fmt.Errorf("protocol version %d", h.Version)
 	}
-	if !validInstanceID(h.InstanceID) {
+	if !mux.ValidInstanceID(h.InstanceID) {
 		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "instance_id must be 32 lower-case hex characters"})
 		return fmt.Errorf("bad instance id %q", h.InstanceID)
 	}
@@ -180,7 +180,6 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 		return err
 	}
 	if err := e.clusterSessionLimit(ctx, s); err != nil {
-		e.closeClusterSession(s.id)
 		return err
 	}
 	if err := e.register(s); err != nil {
@@ -222,19 +221,6 @@ func (e *Edge) refuseSessionLimit(s *session, max int) error {
 	e.metrics.bindResult(mux.CodeLimitExceeded)
 	s.send(&mux.Error{Code: mux.CodeLimitExceeded, Message: fmt.Sprintf("this token is limited to %d concurrent agents; stop one first", max)})
 	return errors.New("token session limit")
-}
-
-func validInstanceID(id string) bool {
-	if len(id) != 32 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 // refuseAgentStreams closes every stream the agent opens after its control

@@ -45,7 +45,8 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
 	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
 	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
-	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address before it is refused for a minute (0 disables)")
+	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address within auth-failure-window before it is refused for that long (0 disables)")
+	fs.Duration("auth-failure-window", d.AuthFailureWindow, "window of auth-failure-limit, and how long a refused address stays refused")
 	fs.Int("max-streams-per-session", d.MaxStreamsPerSession, "concurrent visitor requests per agent session; more get 503 (0 = no limit)")
 	fs.Int("max-conns", d.MaxConns, "concurrent visitor connections in total (0 = no limit)")
 	fs.Int("max-conns-per-ip", d.MaxConnsPerIP, "concurrent visitor connections per client address (0 = no limit)")
@@ -105,6 +106,7 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 		cfg.TokenPolicies = pol
 	}
 	cfg.AuthFailureLimit = e.integer(l, "auth-failure-limit")
+	cfg.AuthFailureWindow = e.dur(l, "auth-failure-window")
 	cfg.MaxStreamsPerSession = e.integer(l, "max-streams-per-session")
 	cfg.MaxConns = e.integer(l, "max-conns")
 	cfg.MaxConnsPerIP = e.integer(l, "max-conns-per-ip")

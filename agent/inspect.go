@@ -251,12 +251,6 @@ func (in *Inspector) Handler() http.Handler {
 		if !ok {
 			return
 		}
-		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-			// Another web page the browser visits must not replay
-			// requests to the local service.
-			mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "replay refused: asked by another site (" + site + ")"})
-			return
-		}
 		id, err := in.replay(r.Context(), c)
 		if err != nil {
 			mux.WriteJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
@@ -265,7 +259,20 @@ func (in *Inspector) Handler() http.Handler {
 		got, _ := in.get(id)
 		mux.WriteJSON(w, http.StatusOK, got)
 	})
-	return loopbackHost(m)
+	// Another web page the browser visits must not replay requests to the
+	// local service: net/http's cross-origin protection refuses a request
+	// of another site by Sec-Fetch-Site, or by an Origin that is not the
+	// inspector's own.
+	return loopbackHost(sameOrigin(m))
+}
+
+// sameOrigin refuses non-safe requests from another origin.
+func sameOrigin(h http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "refused: asked by another site (" + r.Header.Get("Origin") + r.Header.Get("Sec-Fetch-Site") + ")"})
+	}))
+	return cop.Handler(h)
 }
 
 // loopbackHost refuses requests whose Host is not a loopback address or

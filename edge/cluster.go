@@ -240,12 +240,30 @@ type routeTransport struct {
 	local http.RoundTripper
 }
 
+// RoundTrip sends req along its route. When the visitor's body breaks
+// first (malformed, over the limit, stalled), the exchange is over, and
+// that is the error, whatever the other side answered to the broken body.
 func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	rt, _ := req.Context().Value(routeKey{}).(route)
-	if rt.s != nil {
-		return t.local.RoundTrip(req)
+	var body *readErrBody
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &readErrBody{ReadCloser: req.Body}
+		req.Body = body
 	}
-	return t.forward(req, rt)
+	var resp *http.Response
+	var err error
+	if rt.s != nil {
+		resp, err = t.local.RoundTrip(req)
+	} else {
+		resp, err = t.forward(req, rt)
+	}
+	if body != nil && body.failed() != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, body.failed()
+	}
+	return resp, err
 }
 
 // forward sends req to the edge rt names and, if that edge no longer holds
@@ -298,6 +316,9 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		return nil, errNoRoute
 	}
 	out := withBody(req.Clone(req.Context()), body)
+	// The declared trailers' values arrive at the end of the body, in
+	// req's map (mux.PassTrailers), not in the clone's copy of it.
+	out.Trailer = req.Trailer
 	out.URL.Scheme, out.URL.Host, out.RequestURI = "https", addr, ""
 	out.Header.Set(generationHeader, strconv.FormatUint(rt.generation, 10))
 	out.Header.Set(forwardedByHeader, c.node)

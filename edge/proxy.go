@@ -95,6 +95,11 @@ func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 		return host, mux.CodeMethodNotAllowed
 	case !visibleASCII(r.RequestURI):
 		return host, mux.CodeBadRequest
+	case r.ProtoMajor == 2 && !allEqualFold(r.Header["Host"], r.Host):
+		// An HTTP/2 host field naming another host than :authority
+		// (RFC 9113, 8.3.1): net/http routes by :authority and never
+		// writes the field on, but the request is malformed.
+		return host, mux.CodeBadRequest
 	}
 	if _, ok := subdomainOf(host, e.cfg.Domain); !ok {
 		return host, mux.CodeTunnelNotFound
@@ -106,6 +111,16 @@ func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 		return host, mux.CodeMisdirected
 	}
 	return host, ""
+}
+
+// allEqualFold reports whether every value is s, in any case.
+func allEqualFold(values []string, s string) bool {
+	for _, v := range values {
+		if !strings.EqualFold(v, s) {
+			return false
+		}
+	}
+	return true
 }
 
 // visibleASCII reports whether a request target holds only the characters
@@ -173,6 +188,9 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 	} else {
 		pr.SetXForwarded()
 	}
+	// The edge's own server answers Expect: 100-continue when the body
+	// is read; the field does not cross (nor does the cluster's own).
+	out.Header.Del("Expect")
 	out.URL.Scheme, out.URL.Host = "http", "ngstone"
 	out.Host = in.Host
 	mux.PassTrailers(out, in)
@@ -248,9 +266,10 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 	case errors.As(err, &ne) && ne.Timeout():
 		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, hostname)
 	case errors.Is(err, errVisitorRead):
-		// The visitor's upload stalled or broke: nobody to answer.
-		w.WriteHeader(http.StatusBadRequest)
-		return
+		// The visitor's upload stalled or was malformed: what is left of
+		// it on the connection is not a request.
+		w.Header().Set("Connection", "close")
+		mux.WriteVisitorError(w, mux.CodeBadRequest, hostname)
 	default:
 		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, hostname)
 	}

@@ -88,10 +88,7 @@ type exchange struct {
 // is over.
 func (x *exchange) start(req *http.Request) (*http.Response, error) {
 	x.stop = context.AfterFunc(req.Context(), x.close)
-	var body *readErrBody
 	if req.Body != nil && req.Body != http.NoBody {
-		body = &readErrBody{ReadCloser: req.Body}
-		req.Body = body
 		go func() {
 			if err := x.write(req); err != nil {
 				x.close()
@@ -105,11 +102,6 @@ func (x *exchange) start(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		x.close()
 		x.release()
-		if body != nil && body.failed() != nil {
-			// The visitor's side broke first (a body over the limit, a
-			// stalled upload): that is what to answer.
-			err = body.failed()
-		}
 		return nil, err
 	}
 	return resp, nil
@@ -174,10 +166,15 @@ func (b *readErrBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// failed returns the error a read of the visitor's body failed with,
+// marked errVisitorRead (a body over the limit keeps its own type).
 func (b *readErrBody) failed() error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.err
+	if b.err == nil || errors.As(b.err, new(*http.MaxBytesError)) || errors.Is(b.err, errVisitorRead) {
+		return b.err
+	}
+	return errors.Join(errVisitorRead, b.err)
 }
 
 // close ends the exchange; it may run on another goroutine than the reads

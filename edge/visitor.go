@@ -70,7 +70,13 @@ func (w *visitorWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// WriteHeader passes informational responses on but 100 Continue: the
+// edge's own server sends that when the body is read, if the visitor asked
+// for it.
 func (w *visitorWriter) WriteHeader(code int) {
+	if code == http.StatusContinue {
+		return
+	}
 	w.extend()
 	w.ResponseWriter.WriteHeader(code)
 }

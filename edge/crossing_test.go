@@ -198,7 +198,7 @@ func crossCases() []crossCase {
 		{name: "trailers",
 			h1: "POST / HTTP/1.1\r\nHost: " + tunnelHost + "\r\nX-Case: %s\r\nTrailer: X-Sum\r\nTransfer-Encoding: chunked\r\n\r\n" +
 				"4\r\nbody\r\n0\r\nX-Sum: 42\r\nHost: evil.internal\r\nContent-Length: 99\r\nX-Forwarded-For: 203.0.113.9\r\nX-Extra: undeclared\r\n\r\n",
-			h2: append(h2Req("trailers", [2]string{"trailer", "x-sum"})[:0:0], append([][2]string{{":method", "POST"}}, h2Req("trailers", [2]string{"trailer", "x-sum"})[1:]...)...),
+			h2:     append(h2Req("trailers", [2]string{"trailer", "x-sum"})[:0:0], append([][2]string{{":method", "POST"}}, h2Req("trailers", [2]string{"trailer", "x-sum"})[1:]...)...),
 			h2Body: "body",
 			// net/http's HTTP/2 server refuses a Host or
 			// Content-Length trailer itself (a stream error).

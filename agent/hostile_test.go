@@ -3,8 +3,10 @@ package agent_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -203,4 +205,108 @@ func TestSlowUploads(t *testing.T) {
 			}
 		})
 	}
+}
+
+// rawLocal answers every request with the reply its path names, then
+// closes the connection.
+func rawLocal(t *testing.T, replies map[string]string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.WriteString(c, replies[req.URL.Path])
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestFramingVisitorMatchesLog: for each framing a local service may send,
+// the status and code the visitor gets through a real edge are the ones
+// the agent logs for the exchange.
+func TestFramingVisitorMatchesLog(t *testing.T) {
+	replies := map[string]string{
+		"/signed-length": "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+		"/gzip-chunked":  "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+		"/nul-in-value":  "HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
+		"/many-100":      strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 16) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"/15-100":        strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 15) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"/status-000":    "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n",
+		"/two-lengths":   "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+		"/cut-short":     "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+		"/folded":        "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
+		"/fine":          "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+		"/until-close":   "HTTP/1.0 200 OK\r\n\r\nall of it",
+	}
+	var logs lockedBuffer
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", rawLocal(t, replies))
+	cfg.Subdomain, cfg.LogRequests = "framing", true
+	a, err := agent.New(cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	tunneltest.Eventually(t, 10*time.Second, "online", func() bool { return a.Status().State == agent.StateOnline })
+	c := e.Client()
+	for path := range replies {
+		resp, err := c.Get(tunneltest.URL("https", "framing", path))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		var line map[string]any
+		tunneltest.Eventually(t, 5*time.Second, "the agent's line for "+path, func() bool {
+			line = logs.line("request", path)
+			return line != nil
+		})
+		code, _ := line["code"].(string)
+		if int(line["status"].(float64)) != resp.StatusCode || code != resp.Header.Get(mux.ErrorHeader) {
+			t.Errorf("%s: the visitor got %d %q, the agent logged %v %q", path, resp.StatusCode, resp.Header.Get(mux.ErrorHeader), line["status"], code)
+		}
+	}
+}
+
+// lockedBuffer collects JSON log lines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// line returns the first log line with msg for path.
+func (b *lockedBuffer) line(msg, path string) map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for l := range strings.Lines(b.buf.String()) {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg && m["path"] == path {
+			return m
+		}
+	}
+	return nil
 }

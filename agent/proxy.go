@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -42,6 +43,7 @@ type exchange struct {
 	status atomic.Int64 // the final status sent to the edge; 0: none yet
 	code   atomic.Value // string: the agent's own error code, when it answered itself
 	n1xx   atomic.Int32 // informational responses passed on
+	cut    bool         // the response was broken off
 	cap    *capture     // what the inspector keeps; nil without one
 }
 
@@ -73,8 +75,13 @@ func (a *Agent) newStreamServer(held *mux.Tracker) *http.Server {
 				sc.state(st)
 			}
 		},
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, streamKey{}, c)
+		},
 	}
 }
+
+type streamKey struct{}
 
 // serveStreams serves the streams ln accepts until it fails; held counts
 // those that hold up a drain. Every stream's goroutines are counted in the
@@ -108,12 +115,19 @@ func (l *streamListener) Close() error { return nil }
 // streamConn is one stream as the server sees it.
 type streamConn struct {
 	net.Conn
-	a    *Agent
-	held *mux.Tracker
+	a       *Agent
+	held    *mux.Tracker
+	written atomic.Int64 // bytes written to the edge
 
 	mu      sync.Mutex
 	holding bool // counted in held
 	ended   bool // its WaitGroup count is given back
+}
+
+func (c *streamConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.written.Add(int64(n))
+	return n, err
 }
 
 // state follows the server's view of the stream: an exchange running holds
@@ -147,7 +161,25 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 		x.cap = &capture{}
 	}
 	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x))
-	defer a.ended(x, r)
+	sc, _ := r.Context().Value(streamKey{}).(*streamConn)
+	var sent int64
+	if sc != nil {
+		sent = sc.written.Load()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			// The proxy broke the response off (the local service cut it
+			// short). If none of it had left, the edge answers for it.
+			if p == http.ErrAbortHandler && (sc == nil || sc.written.Load() == sent) {
+				x.status.Store(http.StatusBadGateway)
+				x.code.Store(mux.CodeBadResponse)
+			}
+			x.cut = true
+			a.ended(x, r)
+			panic(p)
+		}
+		a.ended(x, r)
+	}()
 	// The local service may answer while the request body still streams
 	// (an early 413, a duplex stream): the server must not close the
 	// body once the response has started.
@@ -213,11 +245,12 @@ func (w *exchangeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // newProxy returns the reverse proxy to the local service.
 func (a *Agent) newProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Rewrite:      a.rewrite,
-		Transport:    upstreamTransport{a},
-		BufferPool:   mux.BufferPool{},
-		ErrorHandler: a.proxyError,
-		ErrorLog:     slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		Rewrite:        a.rewrite,
+		ModifyResponse: checkStatus,
+		Transport:      upstreamTransport{a},
+		BufferPool:     mux.BufferPool{},
+		ErrorHandler:   a.proxyError,
+		ErrorLog:       slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
 	}
 }
 
@@ -256,6 +289,18 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 }
 
 var errTooMany1xx = errors.New("agent: too many informational responses from the local service")
+
+// errBadStatus: the local service's status line names no HTTP status.
+var errBadStatus = errors.New("agent: the local service's status code is not one of HTTP's")
+
+// checkStatus refuses a status net/http reads (any three digits) but no
+// response can carry on.
+func checkStatus(resp *http.Response) error {
+	if resp.StatusCode < 100 || resp.StatusCode > 599 {
+		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
+	}
+	return nil
+}
 
 // proxyError answers a request the local service did not: with the code
 // that says why, and a warning (rate-limited) with the likely fix.
@@ -374,6 +419,8 @@ func (a *Agent) logRequest(x *exchange, r *http.Request) {
 	switch code := x.errCode(); {
 	case code != "":
 		args = append(args, "code", code)
+	case x.cut:
+		args = append(args, "note", "the local service's response was cut short; the visitor got it broken off")
 	case status == 0:
 		args = append(args, "note", "the exchange ended before a response (the visitor left, or the tunnel broke)")
 	}

@@ -345,7 +345,7 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 	local.HandleFunc("/trailers", func(w http.ResponseWriter, r *http.Request) {
 		b, _ := io.ReadAll(r.Body)
 		w.Header().Set("Trailer", "X-Sum")
-		io.WriteString(w, string(b))
+		w.Write(b)
 		w.Header().Set("X-Sum", "req="+r.Trailer.Get("X-Req-Sum"))
 	})
 	local.HandleFunc("/early", func(w http.ResponseWriter, r *http.Request) {

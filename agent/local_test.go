@@ -73,27 +73,6 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *r
 	return r
 }
 
-// tcpPair returns both ends of a loopback TCP connection, closed when the
-// test ends.
-func tcpPair(t *testing.T) (c, peer net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	c, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); peer.Close() })
-	return c, peer
-}
-
 // deadAddr returns a loopback address nothing listens on.
 func deadAddr(t *testing.T) string {
 	t.Helper()

@@ -322,10 +322,10 @@ func (c *certmagicMode) attempt(ctx context.Context, magic *certmagic.Config, na
 		// CA's staging directory first, where Let's Encrypt has one.
 		failures := prior.Failures
 		actx = context.WithValue(context.WithValue(actx, driverKey{}, name), certmagic.AttemptsCtxKey, &failures)
-		if kind == KindObtain {
-			err = magic.ObtainCertSync(actx, name)
-		} else {
-			err = magic.RenewCertSync(actx, name, false)
+		err = c.order(actx, magic, name, kind)
+		if lostAccount(err) {
+			c.log.Info("the CA did not know the ACME account; ordering again with the one registered instead", "name", name, "acme_ca", c.caURL())
+			err = c.order(actx, magic, name, kind)
 		}
 	}
 	if err == nil {
@@ -344,6 +344,21 @@ func (c *certmagicMode) attempt(ctx context.Context, magic *certmagic.Config, na
 	cert, _ := c.cached(name)
 	c.log.Info("certificate "+map[string]string{KindObtain: "obtained", KindRenew: "renewed"}[kind], "name", name,
 		"not_after", cert.Leaf.NotAfter.UTC().Format(time.RFC3339), "acme_ca", c.caURL())
+}
+
+func (c *certmagicMode) order(ctx context.Context, magic *certmagic.Config, name, kind string) error {
+	if kind == KindObtain {
+		return magic.ObtainCertSync(ctx, name)
+	}
+	return magic.RenewCertSync(ctx, name, false)
+}
+
+// lostAccount recognizes certmagic's answer when the CA no longer knows
+// the stored account (a CA reset): certmagic registers a new account, but
+// orders again with the old one in the same call, and fails with no
+// chains. The next order uses the new account.
+func lostAccount(err error) bool {
+	return err != nil && strings.HasSuffix(err.Error(), "no certificate chains")
 }
 
 func (c *certmagicMode) logFailure(name, kind string, e retryEntry) {

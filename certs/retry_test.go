@@ -1,6 +1,7 @@
 package certs
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -118,5 +119,45 @@ func TestFailureReason(t *testing.T) {
 		if got, _ := failureReason(tt.err); got != tt.want {
 			t.Errorf("%s: %s, want %s", name, got, tt.want)
 		}
+	}
+}
+
+// TestRestartLoopWaits: an edge restarted over and over (a supervisor's
+// Restart=on-failure with RestartSec=1s) while issuance fails makes one
+// attempt, then waits out the backoff it recorded in the data directory,
+// however often it is restarted.
+func TestRestartLoopWaits(t *testing.T) {
+	t.Parallel()
+	d, p := startACME(t, 0, 0)
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSRFC2136
+	cfg.DNSCredentials = d.RFC2136Credentials()
+	cfg.DNSCredentials["tsig_secret"] = "d3Jvbmctc2VjcmV0LXdyb25nLXNlY3JldC13cm9uZyE="
+	cfg.OnDemand = true // DOMAIN only: one name
+	attempts := 0
+	for range 10 {
+		m, err := New(cfg, testLogger(t), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if attempts == 0 {
+			waitStatus(t, m, ReasonDNSAuth)
+		} else {
+			time.Sleep(20 * time.Millisecond) // as long as a restart takes
+		}
+		for _, c := range m.Stats().Attempts {
+			attempts += int(c.N)
+		}
+		m.Close()
+	}
+	t.Logf("10 starts with a refused key: %d attempt(s), %d orders", attempts, p.Orders())
+	// This DNS server answers queries whatever their signature (BIND does
+	// not: TestBINDErrorsNameTheCause), so the one attempt gets as far as
+	// an order.
+	if attempts != 1 || p.Orders() > 1 {
+		t.Errorf("10 starts made %d attempts and %d orders; want 1 attempt, then the backoff", attempts, p.Orders())
 	}
 }

@@ -103,8 +103,8 @@ func TestEdgeDNSDownAtFirstStart(t *testing.T) {
 	cfg.TLS.RetryBase, cfg.TLS.RetryMax = base, 30*time.Second
 	start := time.Now()
 	e := startEdge(t, cfg)
-	body := waitHealthz(t, e, http.StatusServiceUnavailable, 10*time.Second)
-	body = waitHealthzMentions(t, e, certs.ReasonDNSUnreachable, b.Addr, "next attempt at")
+	waitHealthz(t, e, http.StatusServiceUnavailable, 10*time.Second)
+	body := waitHealthzMentions(t, e, certs.ReasonDNSUnreachable, b.Addr, "next attempt at")
 	t.Logf("/healthz during the outage: %s", body)
 	if _, err := get(t, e, ca.Roots, "app."+domain); err == nil || !strings.Contains(err.Error(), "remote error: tls") {
 		t.Errorf("visitor during the outage: %v; want a TLS alert", err)

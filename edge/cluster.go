@@ -17,7 +17,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -377,30 +376,8 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, true, e.clusterProxy)
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, e.clusterProxy)
 	})
-}
-
-// newClusterProxy is the owner's proxy for forwarded upgrades: it keeps the
-// X-Forwarded headers the first edge set, which it trusts (mutual TLS).
-func (e *Edge) newClusterProxy() http.Handler {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-				if v := pr.In.Header.Values(h); len(v) > 0 {
-					pr.Out.Header[h] = v
-				}
-			}
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "ngstone"
-			pr.Out.Host = pr.In.Host
-		},
-		// An agent's response must not pose as the owner's refusal.
-		ModifyResponse: func(resp *http.Response) error { resp.Header.Del(routeHeader); return nil },
-		Transport:      &streamTransport{e: e},
-		BufferPool:     mux.BufferPool{},
-		ErrorHandler:   e.proxyError,
-	}
 }
 
 // nodeName is this edge's name in the cluster; empty when alone.

@@ -34,6 +34,8 @@ type metrics struct {
 	binds       *prometheus.CounterVec // result
 	evictions   prometheus.Counter
 	sessionEnds *prometheus.CounterVec // cause
+	limits      *prometheus.CounterVec // limit
+	acceptErrs  *prometheus.CounterVec // listener
 
 	// classes caches, by status/100, the children a request ends in, so
 	// the common request costs no label hashing: see observe.
@@ -61,6 +63,24 @@ const (
 	bindOK       = "ok"
 	bindTakeover = "takeover"
 )
+
+// Limits, the values of ngstone_limits_total{limit}.
+const (
+	limitVisitorConns    = "visitor_conns"    // MaxConns, MaxConnsPerIP
+	limitVisitorRequests = "visitor_requests" // MaxRequestsPerIP
+	limitSessionStreams  = "session_streams"  // MaxStreamsPerSession
+	limitResponseHead    = "response_head"    // MaxResponseHead
+	limitWriteTimeout    = "write_timeout"    // WriteTimeout
+	limitReadTimeout     = "read_timeout"     // ReadTimeout
+	limitAgentConns      = "agent_conns"      // MaxAgentConns, MaxAgentConnsPerIP
+	limitAuthBan         = "auth_ban"         // AuthFailureLimit
+)
+
+// limited counts a bound that was hit.
+func (m *metrics) limited(limit string) { m.limits.WithLabelValues(limit).Inc() }
+
+// acceptFailed counts an accept error on a listener.
+func (m *metrics) acceptFailed(listener string) { m.acceptErrs.WithLabelValues(listener).Inc() }
 
 // maxCertLabels bounds the per-certificate expiry series; past it (autocert,
 // on-demand) only the earliest expiry and the count are exposed.
@@ -99,7 +119,15 @@ func newMetrics(e *Edge) *metrics {
 			Help: "Agent sessions ended, by cause: closed, evicted, heartbeat_timeout, shutdown.",
 		}, []string{"cause"}),
 	}
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds)
+	m.limits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_limits_total",
+		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban.",
+	}, []string{"limit"})
+	m.acceptErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_accept_errors_total",
+		Help: "Accept errors on a listener (retried with backoff), by listener: visitor, control.",
+	}, []string{"listener"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
@@ -302,7 +330,9 @@ var visitorCodes = map[string]bool{
 	mux.CodeTunnelNotFound: true, mux.CodeTunnelOffline: true, mux.CodeUpstreamUnreachable: true,
 	mux.CodeUpstreamTimeout: true, mux.CodeTunnelInterrupted: true, mux.CodeTunnelTimeout: true,
 	mux.CodeBadHost: true, mux.CodeMisdirected: true, mux.CodeHeadersTooLarge: true,
-	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true,
+	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true, mux.CodeBadResponse: true,
+	mux.CodeBadRequest: true, mux.CodeMethodNotAllowed: true, mux.CodeVisitorLimit: true,
+	mux.CodeBasicAuthRequired: true,
 }
 
 // instrument counts visitor requests, their duration and their bytes.

@@ -54,6 +54,10 @@ func newDNSSolver(cfg Config, dp certmagic.DNSProvider, zl *zap.Logger) *dnsSolv
 
 func (s *dnsSolver) Present(ctx context.Context, ch acme.Challenge) error {
 	if err := s.inner.Present(ctx, ch); err != nil {
+		if strings.Contains(err.Error(), "could not determine zone") {
+			// certmagic's zone lookup error wraps nothing (%v).
+			err = fmt.Errorf("%w: %w", ErrDNSUnreachable, err)
+		}
 		return fmt.Errorf("dns-provider %s: set TXT %s (zone looked up at resolvers %v): %w", s.provider, ch.DNS01TXTRecordName(), s.resolverList(), err)
 	}
 	s.mu.Lock()

@@ -302,7 +302,7 @@ func (c *certCollector) collectStats(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.N), n.Reason)
 	}
 	if !st.NextAttempt.IsZero() {
-		ch <- prometheus.MustNewConstMetric(c.next, prometheus.GaugeValue, float64(st.NextAttempt.Unix()))
+		ch <- prometheus.MustNewConstMetric(c.next, prometheus.GaugeValue, float64(st.NextAttempt.UnixMilli())/1e3)
 	}
 }
 

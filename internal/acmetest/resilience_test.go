@@ -111,8 +111,10 @@ func TestEdgeDNSDownAtFirstStart(t *testing.T) {
 	}
 
 	time.Sleep(time.Until(start.Add(outage)))
-	attempts, orders := metric(t, e, `ngstone_certificate_attempts_total{kind="obtain"}`), ca.Orders()
-	next := time.Unix(int64(metric(t, e, "ngstone_certificate_next_attempt_timestamp_seconds")), 0)
+	const attemptsName = `ngstone_certificate_attempts_total{kind="obtain"}`
+	attempts, orders := metric(t, e, attemptsName), ca.Orders()
+	nextSec := metric(t, e, "ngstone_certificate_next_attempt_timestamp_seconds")
+	next := time.UnixMilli(int64(nextSec * 1e3))
 	b.Start()
 	back := time.Now()
 	t.Logf("outage of %v (2m scaled): %v obtain attempts for 2 names, %d orders placed; next attempt due %v after BIND came back",
@@ -123,14 +125,18 @@ func TestEdgeDNSDownAtFirstStart(t *testing.T) {
 	if maxAttempts := 2 * 3; attempts > float64(maxAttempts) {
 		t.Errorf("%v attempts during the outage, want at most %d (3 per name)", attempts, maxAttempts)
 	}
-	waitHealthz(t, e, http.StatusOK, 60*time.Second)
-	served := time.Since(back)
-	// One step is the delay after the failures so far: at most 2·base here
-	// (2 failures), plus issuance itself.
-	if step := 2 * base; served > step+30*time.Second {
-		t.Errorf("certificate served %v after BIND came back; want within one backoff step (%v) plus issuance", served, step)
+	// One step is the delay after the failures so far: 2·base here (2
+	// failures per name). The next attempt starts within it (plus the
+	// scheduling slack of a loaded machine), and serves once issued.
+	step := 2 * base
+	waitMetric(t, e, attemptsName, attempts+1)
+	if retried := time.Since(back); retried > step+2*time.Second {
+		t.Errorf("first attempt %v after BIND came back; want within one backoff step (%v)", retried, step)
+	} else {
+		t.Logf("first attempt %v after BIND came back (one step: %v)", retried.Round(time.Millisecond), step)
 	}
-	t.Logf("certificate served %v after BIND came back", served.Round(time.Millisecond))
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
+	t.Logf("certificate served %v after BIND came back (issuance of 2 names included)", time.Since(back).Round(time.Millisecond))
 	bind(t, e, ca.Roots, "app")
 	wantTunnel(t, e, ca.Roots, "app."+domain, "*."+domain)
 }

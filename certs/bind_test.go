@@ -28,13 +28,7 @@ func TestBINDWildcard(t *testing.T) {
 		ACMECA: p.DirectoryURL, ACMECARoot: p.RootFile, ACMEEmail: "ops@" + testDomain,
 		DNSProvider: DNSRFC2136, DNSCredentials: b.RFC2136Credentials(), DNSResolvers: []string{b.Addr},
 	}
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	waitReady(t, m)
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	_, ln := serveReady(t, cfg, nil)
 	for _, host := range []string{"app." + testDomain, testDomain} {
 		if _, leaf, err := get(t, p.Roots, ln.Addr().String(), host); err != nil {
 			t.Fatalf("GET https://%s/: %v", host, err)

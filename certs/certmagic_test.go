@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -30,7 +32,12 @@ func acmeConfig(t *testing.T, p *acmetest.CA, d *acmetest.DNS) Config {
 
 func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error) {
 	t.Helper()
-	m, err := New(cfg, testLogger(t), policy)
+	return startLogged(t, cfg, policy, testLogger(t))
+}
+
+func startLogged(t *testing.T, cfg Config, policy HostPolicy, log *slog.Logger) (*Manager, error) {
+	t.Helper()
+	m, err := New(cfg, log, policy)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -38,6 +45,20 @@ func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	return m, m.Start(ctx)
+}
+
+// serveReady starts m from cfg, waits for its certificates and serves it
+// on a loopback listener.
+func serveReady(t *testing.T, cfg Config, policy HostPolicy) (*Manager, net.Listener) {
+	t.Helper()
+	m, err := startManager(t, cfg, policy)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	waitReady(t, m)
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	return m, ln
 }
 
 // waitReady waits until m has a valid certificate for every name it
@@ -89,13 +110,7 @@ func TestCertmagicWildcardDNS01(t *testing.T) {
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSRFC2136
 	cfg.DNSCredentials = d.RFC2136Credentials()
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	waitReady(t, m)
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveReady(t, cfg, nil)
 
 	for _, host := range []string{"app." + testDomain, testDomain} {
 		body, leaf, err := get(t, p.Roots, ln.Addr().String(), host)
@@ -131,13 +146,7 @@ func TestCertmagicCloudflare(t *testing.T) {
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL}
 	cfg.DNSPropagationTimeout = -time.Second // pebble's own lookup still checks the record
 	cfg.getenv = fakeEnv(map[string]string{"CLOUDFLARE_API_TOKEN_FILE": tokenFile})
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	waitReady(t, m)
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	_, ln := serveReady(t, cfg, nil)
 	if _, _, err := get(t, p.Roots, ln.Addr().String(), "app."+testDomain); err != nil {
 		t.Fatalf("GET: %v", err)
 	}
@@ -193,13 +202,7 @@ func TestCertmagicOnDemand(t *testing.T) {
 	cfg.DNSPropagationTimeout = -time.Second
 	cfg.OnDemand = true
 	bound := "app." + testDomain
-	m, err := startManager(t, cfg, allowOnly(bound))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	waitReady(t, m)
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveReady(t, cfg, allowOnly(bound))
 
 	_, leaf, err := get(t, p.Roots, ln.Addr().String(), bound)
 	if err != nil {

@@ -62,12 +62,8 @@ func TestPropagationErrorNamesResolvers(t *testing.T) {
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL, "api_token": "good-token"}
 	cfg.DNSPropagationTimeout = 3 * time.Second
 	cfg.OnDemand = true // DOMAIN only
-	m, err := New(cfg, slog.New(&recorder{}), nil)
+	m, err := startLogged(t, cfg, nil, slog.New(&recorder{}))
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	st := waitStatus(t, m, ReasonDNSPropagation)
@@ -101,12 +97,8 @@ func TestNoSpuriousCleanupError(t *testing.T) {
 	cfg.DNSProvider = DNSCloudflare
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL, "api_token": "good-token"}
 	cfg.OnDemand = true
-	m, err := New(cfg, slog.New(rec), nil)
+	m, err := startLogged(t, cfg, nil, slog.New(rec))
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, m, ReasonDNSUpdate, "record refused")
@@ -153,12 +145,8 @@ func TestAutocertFailureAtWarn(t *testing.T) {
 	_, p := startACME(t, 0, 0)
 	rec := &recorder{}
 	cfg := Config{Mode: ModeAutocert, Domain: testDomain, DataDir: t.TempDir(), ACMECA: p.DirectoryURL, ACMECARoot: p.RootFile}
-	m, err := New(cfg, slog.New(rec), nil)
+	m, err := startLogged(t, cfg, nil, slog.New(rec))
 	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	ln := listenLoopback(t)

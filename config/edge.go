@@ -45,6 +45,8 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
 	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
 	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
+	fs.Duration("acme-retry-base", 0, "wait after a failed attempt to obtain or renew a certificate, doubled at each further failure (0 means 1m)")
+	fs.Duration("acme-retry-max", 0, "longest wait between attempts to obtain or renew a certificate (0 means 1h)")
 	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address within auth-failure-window before it is refused for that long (0 disables)")
 	fs.Duration("auth-failure-window", d.AuthFailureWindow, "window of auth-failure-limit, and how long a refused address stays refused")
 	fs.Int("max-streams-per-session", d.MaxStreamsPerSession, "concurrent visitor requests per agent session; more get 503 (0 = no limit)")
@@ -99,6 +101,8 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.TLS.OnDemand = e.boolean(l, "on-demand")
 	cfg.TLS.OnDemandRateLimit = e.integer(l, "on-demand-rate-limit")
 	cfg.TLS.OnDemandRateWindow = e.dur(l, "on-demand-rate-window")
+	cfg.TLS.RetryBase = e.dur(l, "acme-retry-base")
+	cfg.TLS.RetryMax = e.dur(l, "acme-retry-max")
 	cfg.Tokens = l.strings("token")
 	if path := l.string("tokens-file"); path != "" {
 		pol, err := LoadTokensFile(path)

@@ -110,7 +110,7 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 	return e, nil
 }
 
-// Start obtains certificates, binds every listener and serves until Close
+// Start binds every listener, starts certificates and serves until Close
 // or Shutdown. After an error it has released whatever it had bound.
 func (e *Edge) Start(ctx context.Context) (err error) {
 	ctx, e.stop = context.WithCancel(context.WithoutCancel(ctx))
@@ -119,10 +119,14 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			e.Close()
 		}
 	}()
-	if err := e.certs.Start(ctx); err != nil {
+	if err := e.listen(); err != nil {
 		return err
 	}
-	if err := e.listen(); err != nil {
+	// The ACME modes answer challenges on these listeners, and do not
+	// wait for a CA: a missing certificate shows in /healthz and refused
+	// handshakes, never in a failed start.
+	e.certs.UseListeners(e.Addr("http"), e.Addr("https"))
+	if err := e.certs.Start(ctx); err != nil {
 		return err
 	}
 	if e.cluster != nil {

@@ -251,6 +251,10 @@ type certCollector struct {
 	expiry   *prometheus.Desc
 	earliest *prometheus.Desc
 	count    *prometheus.Desc
+	attempts *prometheus.Desc
+	failures *prometheus.Desc
+	refused  *prometheus.Desc
+	next     *prometheus.Desc
 }
 
 func newCertCollector(m *certs.Manager, cfg certs.Config) *certCollector {
@@ -263,6 +267,14 @@ func newCertCollector(m *certs.Manager, cfg certs.Config) *certCollector {
 		earliest: prometheus.NewDesc("ngstone_certificate_earliest_expiry_timestamp_seconds",
 			"Expiry (NotAfter, unix seconds) of the certificate served that expires first.", nil, nil),
 		count: prometheus.NewDesc("ngstone_certificates", "Certificates served.", nil, nil),
+		attempts: prometheus.NewDesc("ngstone_certificate_attempts_total",
+			"Attempts to obtain or renew a certificate from the ACME CA, by kind (obtain, renew).", []string{"kind"}, nil),
+		failures: prometheus.NewDesc("ngstone_certificate_failures_total",
+			"Failed attempts to obtain or renew a certificate, by kind and reason (dns_unreachable, dns_auth, dns_update, dns_propagation, acme_unreachable, rate_limited, validation, acme_error, other).", []string{"kind", "reason"}, nil),
+		refused: prometheus.NewDesc("ngstone_tls_handshakes_refused_total",
+			"TLS handshakes refused for want of a certificate, by reason (no_certificate, backoff, host_not_allowed, rate_limited, error).", []string{"reason"}, nil),
+		next: prometheus.NewDesc("ngstone_certificate_next_attempt_timestamp_seconds",
+			"When the next attempt for a certificate whose last attempt failed is due (unix seconds); absent while none is failing.", nil, nil),
 	}
 }
 
@@ -270,9 +282,32 @@ func (c *certCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.expiry
 	ch <- c.earliest
 	ch <- c.count
+	ch <- c.attempts
+	ch <- c.failures
+	ch <- c.refused
+	ch <- c.next
+}
+
+// collectStats exposes the certs.Manager's counters; kinds and reasons are
+// fixed sets, so the series are bounded.
+func (c *certCollector) collectStats(ch chan<- prometheus.Metric) {
+	st := c.certs.Stats()
+	for _, n := range st.Attempts {
+		ch <- prometheus.MustNewConstMetric(c.attempts, prometheus.CounterValue, float64(n.N), n.Kind)
+	}
+	for _, n := range st.Failures {
+		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(n.N), n.Kind, n.Reason)
+	}
+	for _, n := range st.Refused {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.N), n.Reason)
+	}
+	if !st.NextAttempt.IsZero() {
+		ch <- prometheus.MustNewConstMetric(c.next, prometheus.GaugeValue, float64(st.NextAttempt.UnixMilli())/1e3)
+	}
 }
 
 func (c *certCollector) Collect(ch chan<- prometheus.Metric) {
+	c.collectStats(ch)
 	na := c.certs.NotAfter()
 	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(len(na)))
 	var first time.Time

@@ -79,6 +79,7 @@ type Agent struct {
 	hostHeader string     // the Host the local service gets; "": the visitor's
 	inspect    *Inspector // nil: no inspector
 	failures   localFailures
+	strays     localFailures
 
 	mu        sync.Mutex
 	status    Status

@@ -287,7 +287,7 @@ func (a *Agent) wait(ctx context.Context, d time.Duration, n int, cause error) e
 	a.setStatus(func(s *Status) {
 		s.State, s.Attempt, s.NextRetry, s.Err, s.Hint = StateReconnecting, n, next, cause, hint
 	})
-	a.log.Debug("reconnecting", "attempt", n, "in", d.Round(time.Millisecond), "cause", ErrText(cause), "hint", hint)
+	a.log.Debug("reconnect attempt", "attempt", n, "in", d.Round(time.Millisecond), "cause", ErrText(cause), "hint", hint)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

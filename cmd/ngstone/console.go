@@ -205,7 +205,14 @@ func (m *consoleModel) render() string {
 	top = append(top, title+strings.Repeat(" ", max(1, m.width-ansi.StringWidth(title)-ansi.StringWidth(help)))+help, "")
 	st := m.st
 	add("Session Status", lipgloss.NewStyle().Foreground(stateColor(st.State)).Render(m.stateText()))
-	if st.Err != nil && st.State != agent.StateOnline && st.State != agent.StateStopped {
+	switch {
+	case st.State == agent.StateEvicted:
+		reason := st.EvictedReason
+		if reason == "" {
+			reason = "takeover"
+		}
+		addWrapped("Evicted By", fmt.Sprintf("another agent (another instance) took %s over (%s) while this one was unreachable", st.Hostname, reason), styleErr)
+	case st.Err != nil && st.State != agent.StateOnline && st.State != agent.StateStopped:
 		addWrapped("Last Error", st.Err.Error(), styleErr)
 	}
 	if st.Hint != "" {
@@ -275,12 +282,7 @@ func (m *consoleModel) stateText() string {
 	case agent.StateConnecting:
 		return "connecting to " + st.Edge
 	case agent.StateEvicted:
-		reason := st.EvictedReason
-		if reason == "" {
-			reason = "takeover"
-		}
-		s := fmt.Sprintf("evicted at %s: another agent (another instance) took %s over (%s)", st.Since.Format(time.TimeOnly), st.Hostname, reason)
-		return s + m.exitText()
+		return "evicted at " + st.Since.Format(time.TimeOnly) + m.exitText()
 	case agent.StateFailed:
 		return "refused by the edge" + m.exitText()
 	case agent.StateStopped:
@@ -356,9 +358,26 @@ func (m *consoleModel) events() []string {
 	return out
 }
 
-// wrap cuts s into lines of at most width cells, at most n of them.
+// wrap cuts s into lines of at most width cells, at most n of them, at
+// spaces only: ansi's word wrap also breaks at hyphens, which would cut a
+// flag (--control-addr) the line tells a person to type.
 func wrap(s string, width, n int) []string {
-	lines := strings.Split(ansi.Wrap(s, width, " "), "\n")
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		switch {
+		case line == "":
+			line = w
+		case ansi.StringWidth(line)+1+ansi.StringWidth(w) <= width:
+			line += " " + w
+		default:
+			lines, line = append(lines, line), w
+		}
+	}
+	lines = append(lines, line)
+	for i, l := range lines {
+		lines[i] = ansi.Truncate(l, width, "…")
+	}
 	if len(lines) > n {
 		lines = append(lines[:n-1], ansi.Truncate(strings.Join(lines[n-1:], " "), width, "…"))
 	}

@@ -31,9 +31,20 @@ embedded edge in this process for the domain localhost, so that
 https://NAME.localhost:8443 (and http://NAME.localhost:8080) reach the local
 service on this machine.
 
-The agent prints "Forwarding URL -> LOCAL" on stdout once bound, and again
-after every rebind. It reconnects on its own when the network or the edge
-drops, and gets the same URL back. With --subdomain and --edge, an agent
+On a terminal, stdout is a live status screen, redrawn in place: the
+state (and, while reconnecting, the attempt, the next try, since when, the
+last error and what to do about it), the edge and its latency, the
+inspector's URL, each "Forwarding URL -> LOCAL", connection counters and
+the last requests; Ctrl+C or q stops. Off a terminal (or with
+--console=false) the agent prints "Forwarding URL -> LOCAL" on stdout once
+bound, and again after every rebind, and logs one line per change of state
+on stderr. It reconnects on its own when the network or the edge drops, and
+gets the same URL back.
+
+The inspector (a web page of the last requests, with replay) and a local
+API in ngrok's shape (GET /api/tunnels) listen on 127.0.0.1:4040, or the
+next free port up to 4049; --inspect-addr to choose, --inspect=false to
+turn them off. With --subdomain and --edge, an agent
 started again on this machine is the same instance as the last one (its id
 is kept in the user cache directory), so it takes its name back at once even
 if the edge has not yet noticed that the last one is gone. Exit codes: 0

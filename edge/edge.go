@@ -32,16 +32,16 @@ import (
 
 // Edge is one edge server. New builds it without I/O; Start binds and serves.
 type Edge struct {
-	cfg     Config
-	log     *slog.Logger
-	store   registry.Store
+	cfg   Config
+	log   *slog.Logger
+	store registry.Store
 	// persist is the store when it outlives the process (RegistryFile);
 	// restoredFloor is the highest session id of the process before.
 	persist       *registry.Bolt
 	restoredFloor uint64
-	certs   *certs.Manager
-	proxy   http.Handler
-	metrics *metrics
+	certs         *certs.Manager
+	proxy         http.Handler
+	metrics       *metrics
 	// cluster is nil on an edge that runs alone.
 	cluster      *cluster
 	clusterProxy http.Handler

@@ -381,7 +381,9 @@ func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 // burstGet sends one GET on a new connection and says what came back.
 func burstGet(addr string) string {
 	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "tcp", addr) }}}
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		}}}
 	resp, err := c.Get("http://burst.ngstone.test/")
 	if err != nil {
 		return "connection refused or reset"

@@ -141,6 +141,9 @@ func NewInstanceID() string {
 // mux.InstanceDigest.
 func (a *Agent) InstanceID() string { return a.cfg.InstanceID }
 
+// Inspector returns the agent's inspector; nil without one.
+func (a *Agent) Inspector() *Inspector { return a.inspect }
+
 // Status returns the current status.
 func (a *Agent) Status() Status {
 	a.mu.Lock()

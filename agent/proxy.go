@@ -210,7 +210,7 @@ func (a *Agent) answer(w http.ResponseWriter, r *http.Request, code string) {
 	if x := exchangeOf(r.Context()); x != nil {
 		x.code.Store(code)
 	}
-	mux.WriteVisitorError(w, code, visitorHost(r))
+	mux.WriteVisitorErrorFor(w, r, code, visitorHost(r))
 }
 
 // visitorHost is the host a visitor asked for, for error messages: the
@@ -384,6 +384,10 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // roundTrip sends req once, refusing a response that was there before the
 // request: bytes another exchange's response left behind (cleanCheck).
 func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) {
+	if t.a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+		// Every HTTP/2 stream is its own: no bytes can be left behind.
+		return t.a.transport().RoundTrip(req)
+	}
 	checked, tainted := cleanCheck(req)
 	resp, err := t.a.transport().RoundTrip(checked)
 	if err == nil && tainted() {
@@ -433,6 +437,12 @@ func (a *Agent) newTransport(maxHead int64) *http.Transport {
 		DisableCompression:     true, // the visitor's Accept-Encoding goes as it came
 	}
 	tr.Protocols = new(http.Protocols)
+	if a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+		// HTTP/2 only: prior knowledge without TLS (h2c), ALPN with it.
+		tr.Protocols.SetUnencryptedHTTP2(a.local.Scheme == "http")
+		tr.Protocols.SetHTTP2(a.local.Scheme == "https")
+		return tr
+	}
 	tr.Protocols.SetHTTP1(true)
 	return tr
 }

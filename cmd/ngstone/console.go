@@ -31,7 +31,6 @@ type consoleView struct {
 	refresh time.Duration
 	keys    bool // read keys from stdin (a terminal)
 
-	mu      sync.Mutex
 	changed chan struct{} // a change of status to draw
 }
 
@@ -128,7 +127,7 @@ func (m *consoleModel) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = msg.Width, msg.Height
 	case tea.KeyPressMsg:
-		if k := msg.String(); k == "ctrl+c" || k == "q" {
+		if msg.String() == "ctrl+c" {
 			m.stopping = true
 			m.stop()
 		}

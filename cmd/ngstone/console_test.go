@@ -150,11 +150,11 @@ func TestConsoleOnATerminal(t *testing.T) {
 
 	before := pane.history(t)
 	e.kill()
-	down := pane.waitScreen(t, "the outage", func(s string) bool {
+	pane.waitScreen(t, "the outage", func(s string) bool {
 		return strings.Contains(s, "reconnecting · attempt") && strings.Contains(s, "is the edge running at 127.0.0.1:"+e.ports[1]+"?")
 	})
 	time.Sleep(outage) // the outage itself: the screen is watched over it, not waited on
-	down = pane.capture(t)
+	down := pane.capture(t)
 	pane.snapshot(t, art, "3-outage", down)
 	attempt := regexp.MustCompile(`attempt (\d+)`).FindStringSubmatch(down)
 	scrolled := pane.history(t) - before
@@ -364,3 +364,24 @@ func (p *tmuxPane) snapshot(t *testing.T, dir, name, screen string) {
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// TestConsoleCtrlC: Ctrl+C on the console's terminal (a key, the terminal
+// being raw) stops the agent gracefully: the name is released, the last
+// screen says stopped, the exit code is 0. About 2 s.
+func TestConsoleCtrlC(t *testing.T) {
+	port := scenarioBackend(t)
+	e := startScenarioEdge(t)
+	pane := startTmux(t, 120, 40, agentScenarioArgs(port, e.ports[1], e.data)...)
+	pane.waitScreen(t, "online", func(s string) bool { return strings.Contains(s, "Session Status                online") })
+	pane.tmux(t, "send-keys", "-t", "t", "C-c")
+	stopped := pane.waitScreen(t, "the stop", func(s string) bool {
+		return strings.Contains(s, "Session Status                stopped · exit code 0")
+	})
+	if dead, code := pane.exit(t); !dead || code != 0 {
+		t.Errorf("after Ctrl+C: dead %v, exit %d:\n%s", dead, code, stopped)
+	}
+	c := visitorClient(t, "127.0.0.1:"+e.ports[2])
+	if _, body, err := get(c, "http://127.0.0.1:"+e.ports[2]+"/api/tunnels"); err != nil || strings.Contains(body, "live.ngstone.test") {
+		t.Errorf("the name is still bound after Ctrl+C: %s %v", body, err)
+	}
+}

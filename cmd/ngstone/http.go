@@ -35,7 +35,7 @@ On a terminal, stdout is a live status screen, redrawn in place: the
 state (and, while reconnecting, the attempt, the next try, since when, the
 last error and what to do about it), the edge and its latency, the
 inspector's URL, each "Forwarding URL -> LOCAL", connection counters and
-the last requests; Ctrl+C or q stops. Off a terminal (or with
+the last requests; Ctrl+C stops. Off a terminal (or with
 --console=false) the agent prints "Forwarding URL -> LOCAL" on stdout once
 bound, and again after every rebind, and logs one line per change of state
 on stderr. It reconnects on its own when the network or the edge drops, and

@@ -172,6 +172,13 @@ func (a *Agent) setStatus(f func(*Status)) {
 	}
 }
 
+// held reports whether the agent has been bound to its name.
+func (a *Agent) held() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status.Hostname != ""
+}
+
 // setLatency records a round trip to the edge. It is not a change of
 // state: nothing is reported.
 func (a *Agent) setLatency(d time.Duration) {

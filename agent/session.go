@@ -188,6 +188,12 @@ func (c *conn) bind(takeover bool) error {
 		if mux.Retryable(m.Code) {
 			return fmt.Errorf("bind: %s", m.Message)
 		}
+		if m.Code == mux.CodeSubdomainTaken && a.held() {
+			// The name this agent held is another instance's now: taken
+			// over while this one was away, after the edge had closed its
+			// silent session (so no evicted reached it).
+			return &evictedError{reason: m.Code}
+		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	}
 	return fmt.Errorf("bind: unexpected %s", msg.MessageType())

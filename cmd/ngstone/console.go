@@ -210,7 +210,7 @@ func (m *consoleModel) render() string {
 		if reason == "" {
 			reason = "takeover"
 		}
-		addWrapped("Evicted By", fmt.Sprintf("another agent (another instance) took %s over (%s) while this one was unreachable", st.Hostname, reason), styleErr)
+		addWrapped("Evicted By", fmt.Sprintf("another agent (another instance) took %s over while this one was unreachable (%s)", st.Hostname, reason), styleErr)
 	case st.Err != nil && st.State != agent.StateOnline && st.State != agent.StateStopped:
 		addWrapped("Last Error", st.Err.Error(), styleErr)
 	}

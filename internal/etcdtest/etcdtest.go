@@ -1,7 +1,8 @@
 // Package etcdtest runs one embedded etcd server per test binary, on
 // loopback, with fast ticks and no fsync, for the tests of the cluster
-// registry and of edges that share it. It is imported only by tests: the
-// etcd server is never linked into the ngstone binary.
+// registry and of edges that share it, and clusters of several members of
+// a test's own (StartCluster) for faults between them. It is imported
+// only by tests: the etcd server is never linked into the ngstone binary.
 //
 // Each test takes its own key prefix (Prefix), so tests share the server
 // without seeing each other's keys.
@@ -23,6 +24,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc/grpclog"
 )
 
@@ -33,6 +35,13 @@ var (
 	startErr error
 	prefixes atomic.Uint64
 )
+
+// The JSON gateway logs through grpclog ("Failed to flush response" when
+// a watching client leaves, and gRPC's own lines about every connection a
+// fault test breaks). Set before any gRPC goroutine runs: it is global.
+func init() {
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
+}
 
 // Main runs m, stops the server if a test started it, and then checks
 // that no goroutine leaked, like goleak.VerifyTestMain.
@@ -101,15 +110,28 @@ func start() {
 
 // startServer runs a single-member etcd with its data in dir.
 func startServer(dir string) (*embed.Etcd, error) {
-	// The JSON gateway logs through grpclog ("Failed to flush response"
-	// when a watching client leaves); tests make clients leave all the time.
-	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
-	cfg := embed.NewConfig()
-	cfg.Name = "test"
-	cfg.Dir = dir
-	cfg.UnsafeNoFsync = true
+	cfg, err := memberConfig("test", dir)
+	if err != nil {
+		return nil, err
+	}
 	cfg.TickMs = 10
 	cfg.ElectionMs = 50
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return e, ready(e)
+}
+
+// memberConfig is a member on loopback ports of its own, with no fsync
+// and the cheapest password hashing.
+func memberConfig(name, dir string) (*embed.Config, error) {
+	cfg := embed.NewConfig()
+	cfg.Name = name
+	cfg.Dir = dir
+	cfg.UnsafeNoFsync = true
+	cfg.BcryptCost = uint(bcrypt.MinCost)
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	// Named ports, not :0: the JSON gateway dials the client URL itself,
@@ -124,17 +146,16 @@ func startServer(dir string) (*embed.Etcd, error) {
 		return nil, err
 	}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, err
-	}
+	return cfg, nil
+}
+
+func ready(e *embed.Etcd) error {
 	select {
 	case <-e.Server.ReadyNotify():
-		return e, nil
+		return nil
 	case <-time.After(30 * time.Second):
 		e.Close()
-		return nil, fmt.Errorf("not ready within 30s")
+		return fmt.Errorf("not ready within 30s")
 	}
 }
 

@@ -164,7 +164,10 @@ func hedged[T any](ctx context.Context, interval time.Duration, call func(contex
 }
 
 // transient reports whether err may pass on another attempt: a deadline,
-// a member that is unreachable, leaderless or overloaded.
+// a member that is unreachable, leaderless, overloaded or broken (a member
+// whose raft has stopped answers "raft: stopped", code Unknown). Errors
+// that another member would repeat (a lease not found, a compacted
+// revision, a refused password, a request too large) are not.
 func transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errStalled) {
 		return true
@@ -175,7 +178,7 @@ func transient(err error) bool {
 		code = ee.Code()
 	}
 	switch code {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Unknown, codes.Internal:
 		return true
 	}
 	return false
@@ -319,101 +322,170 @@ func (s *Etcd) revokeLease(ctx context.Context, lease clientv3.LeaseID) {
 // was sent.
 func (s *Etcd) keepAlive(ctx context.Context, okSent time.Time) {
 	defer s.wg.Done()
-	lostAfter := 2 * s.cfg.LeaseTTL / 3
 	for ctx.Err() == nil {
 		lease, ready := s.currentLease()
 		if !ready {
 			okSent = s.regain(ctx, lease)
 			continue
 		}
-		err := s.renew(ctx, lease, func(sent time.Time) { okSent = sent })
-		switch {
-		case ctx.Err() != nil:
+		err := s.renew(ctx, lease, &okSent)
+		if ctx.Err() != nil {
 			return
-		case errors.Is(err, rpctypes.ErrLeaseNotFound) || time.Since(okSent) > lostAfter:
-			s.lost(err)
-		default:
-			s.log.Debug("cluster lease keep-alive stream ended; opening another", "err", err)
-			select {
-			case <-ctx.Done():
-			case <-time.After(s.callTimeout / 8):
+		}
+		s.lost(err)
+	}
+}
+
+// errNotRenewed means no renewal was answered for two thirds of the TTL.
+var errNotRenewed = errors.New("registry: no lease renewal answered for two thirds of the lease TTL")
+
+// renew renews lease every fifth of the TTL on two keep-alive streams at
+// once, which the client places on members of its choice (usually two
+// different ones): a member that hangs stalls one stream, and the other
+// answers. A stream whose oldest request has gone unanswered for
+// CallTimeout, or that fails, is replaced. renew returns when the lease is
+// lost (errNotRenewed) or gone (rpctypes.ErrLeaseNotFound), or ctx ends.
+// *okSent is when the last answered renewal was sent: the lease lives at
+// least LeaseTTL from then.
+func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.Time) error {
+	answers := make(chan answer)
+	var wg sync.WaitGroup
+	var lanes [2]*lane
+	defer func() {
+		for _, l := range lanes {
+			l.close()
+		}
+		wg.Wait()
+	}()
+	every := time.NewTicker(s.cfg.LeaseTTL / 5)
+	defer every.Stop()
+	check := time.NewTicker(max(s.callTimeout/4, time.Millisecond))
+	defer check.Stop()
+	for send := true; ; send = false {
+		for i, l := range lanes {
+			if l.stalled(s.callTimeout) {
+				l.close()
+				lanes[i] = s.openLane(ctx, answers, &wg)
+				send = true
 			}
+		}
+		if send {
+			now := time.Now()
+			for _, l := range lanes {
+				l.send(lease, now)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case a := <-answers:
+			sent, err := a.lane.answered(a)
+			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+				return err
+			}
+			if err == nil && sent.After(*okSent) {
+				*okSent = sent
+			}
+		case <-every.C:
+			// sent on the next turn
+			now := time.Now()
+			for _, l := range lanes {
+				l.send(lease, now)
+			}
+		case <-check.C:
+		}
+		if time.Since(*okSent) > 2*s.cfg.LeaseTTL/3 {
+			return errNotRenewed
 		}
 	}
 }
 
-// renew keeps lease alive on one keep-alive stream, one request at a time,
-// every fifth of the TTL, until the stream fails, a request goes
-// unanswered for CallTimeout (the stream is then replaced, and the client
-// places the new one on a member of its choice) or etcd says the lease is
-// gone. ok is told, for each answered request, when it was sent.
-func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, ok func(sent time.Time)) error {
-	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	// Opening the stream may fetch an auth token, a call of its own that
-	// a hung member would hold: bounded too.
+// lane is one keep-alive stream and the send times of its unanswered
+// requests, oldest first (etcd answers a stream's requests in order).
+type lane struct {
+	st     pb.Lease_LeaseKeepAliveClient
+	cancel context.CancelFunc
+	sent   []time.Time
+	failed bool
+}
+
+// answer is what a lane's stream delivered.
+type answer struct {
+	lane *lane
+	resp *pb.LeaseKeepAliveResponse
+	err  error
+}
+
+// openLane opens a keep-alive stream; a lane that could not open is
+// stalled at once, and opened again on the next turn.
+func (s *Etcd) openLane(ctx context.Context, answers chan<- answer, wg *sync.WaitGroup) *lane {
+	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	l := &lane{cancel: cancel}
+	// Opening may fetch an auth token, a call that a hung member would
+	// hold: bounded too.
 	opening := time.AfterFunc(s.callTimeout, cancel)
-	st, err := pb.NewLeaseClient(s.cli.ActiveConnection()).LeaseKeepAlive(sctx, grpc.WaitForReady(true))
-	if !opening.Stop() {
-		err = errors.Join(errStalled, err)
-	}
-	if err != nil {
+	st, err := pb.NewLeaseClient(s.cli.ActiveConnection()).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
+	if !opening.Stop() || err != nil {
 		cancel()
-		return rpctypes.Error(err)
+		l.failed = true
+		return l
 	}
-	answers := make(chan *pb.LeaseKeepAliveResponse)
-	failed := make(chan error, 1)
-	var wg sync.WaitGroup
+	l.st = st
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		for {
 			r, err := st.Recv()
-			if err != nil {
-				failed <- rpctypes.Error(err)
+			select {
+			case answers <- answer{l, r, rpctypes.Error(err)}:
+			case <-lctx.Done():
 				return
 			}
-			select {
-			case answers <- r:
-			case <-sctx.Done():
+			if err != nil {
 				return
 			}
 		}
 	}()
-	defer func() { cancel(); wg.Wait() }()
-	for {
-		sent := time.Now()
-		if err := st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
-			return rpctypes.Error(err)
-		}
-		if err := awaitRenewal(ctx, answers, failed, s.callTimeout); err != nil {
-			return err
-		}
-		ok(sent)
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case err := <-failed:
-			return err
-		case <-time.After(time.Until(sent.Add(s.cfg.LeaseTTL / 5))):
-		}
-	}
+	return l
 }
 
-func awaitRenewal(ctx context.Context, answers <-chan *pb.LeaseKeepAliveResponse, failed <-chan error, timeout time.Duration) error {
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case r := <-answers:
-		if r.TTL <= 0 {
-			return rpctypes.ErrLeaseNotFound
-		}
-		return nil
-	case err := <-failed:
-		return err
-	case <-t.C:
-		return errStalled
-	case <-ctx.Done():
-		return ctx.Err()
+// stalled reports a lane to replace: missing, failed, or with a request
+// unanswered for longer than timeout.
+func (l *lane) stalled(timeout time.Duration) bool {
+	return l == nil || l.failed || len(l.sent) > 0 && time.Since(l.sent[0]) > timeout
+}
+
+func (l *lane) send(lease clientv3.LeaseID, now time.Time) {
+	if l == nil || l.failed {
+		return
+	}
+	if err := l.st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
+		l.failed = true
+		return
+	}
+	l.sent = append(l.sent, now)
+}
+
+// answered takes a's answer to the lane's oldest request and returns when
+// that request was sent.
+func (l *lane) answered(a answer) (time.Time, error) {
+	switch {
+	case a.err != nil:
+		l.failed = true
+		return time.Time{}, a.err
+	case len(l.sent) == 0:
+		return time.Time{}, errors.New("registry: a keep-alive answer to no request")
+	case a.resp.TTL <= 0:
+		return time.Time{}, rpctypes.ErrLeaseNotFound
+	}
+	sent := l.sent[0]
+	l.sent = l.sent[1:]
+	return sent, nil
+}
+
+func (l *lane) close() {
+	if l != nil {
+		l.cancel()
 	}
 }
 

@@ -420,35 +420,55 @@ func (s *Etcd) pruneTombs() {
 }
 
 // confirmLoop confirms the cache current every quarter of RouteStaleness.
+// A watch that answers nothing when asked for its progress, or that stays
+// behind for two rounds in a row (its member may have lost its peers, and
+// still answers from what it has), is replaced.
 func (s *Etcd) confirmLoop(ctx context.Context) {
 	defer s.wg.Done()
 	t := time.NewTicker(max(s.staleness/4, time.Millisecond))
 	defer t.Stop()
+	behind := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := s.confirm(ctx); err != nil {
-			s.noteStale(err)
+		silent, err := s.confirm(ctx)
+		switch {
+		case err == nil:
+			behind = 0
+			continue
+		case errors.Is(err, errBehind):
+			behind++
 		}
+		if silent || behind >= 2 {
+			behind = 0
+			select {
+			case s.restart <- struct{}{}:
+			default:
+			}
+		}
+		s.noteStale(err)
 	}
 }
 
+// errBehind means the watch had not delivered the current revision.
+var errBehind = errors.New("registry: the watch is behind etcd")
+
 // confirm reads the current revision and waits for the watch to deliver
-// it; the cache is then current as of the read's start. A watch that says
-// nothing at all when asked for its progress is told to restart.
-func (s *Etcd) confirm(ctx context.Context) error {
+// it; the cache is then current as of the read's start. silent reports a
+// watch that said nothing at all when asked for its progress.
+func (s *Etcd) confirm(ctx context.Context) (silent bool, err error) {
 	start := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, s.staleness/2)
 	defer cancel()
 	resp, err := s.get(rctx, s.nodeKey(s.cfg.Node), clientv3.WithCountOnly())
 	if err != nil {
-		return err
+		return false, err
 	}
-	if err := s.awaitWatched(ctx, resp.Header.Revision); err != nil {
-		return err
+	if silent, err := s.awaitWatched(ctx, resp.Header.Revision); err != nil {
+		return silent, err
 	}
 	s.mu.Lock()
 	s.confirmLocked(start)
@@ -458,12 +478,12 @@ func (s *Etcd) confirm(ctx context.Context) error {
 	if wasStale {
 		s.log.Info("cluster route cache confirmed current again")
 	}
-	return nil
+	return false, nil
 }
 
 // awaitWatched waits up to CallTimeout for the watch to deliver rev,
 // asking it for a progress notification.
-func (s *Etcd) awaitWatched(ctx context.Context, rev int64) error {
+func (s *Etcd) awaitWatched(ctx context.Context, rev int64) (silent bool, err error) {
 	asked := time.Now()
 	deadline := time.NewTimer(s.callTimeout)
 	defer deadline.Stop()
@@ -472,7 +492,7 @@ func (s *Etcd) awaitWatched(ctx context.Context, rev int64) error {
 		got, wake, wctx := s.fresh.watchedRev, s.fresh.progressed, s.fresh.watchCtx
 		s.mu.Unlock()
 		if got >= rev {
-			return nil
+			return false, nil
 		}
 		if !requested && wctx != nil {
 			pctx, cancel := context.WithTimeout(wctx, s.callTimeout)
@@ -482,18 +502,12 @@ func (s *Etcd) awaitWatched(ctx context.Context, rev int64) error {
 		select {
 		case <-wake:
 		case <-ctx.Done():
-			return ctx.Err()
+			return false, ctx.Err()
 		case <-deadline.C:
 			s.mu.Lock()
-			silent := s.fresh.watchSeen.Before(asked)
+			silent = s.fresh.watchSeen.Before(asked)
 			s.mu.Unlock()
-			if silent {
-				select {
-				case s.restart <- struct{}{}:
-				default:
-				}
-			}
-			return fmt.Errorf("%w: the watch has not delivered revision %d (at %d, silent %v)", errStalled, rev, got, silent)
+			return silent, fmt.Errorf("%w: revision %d not delivered (at %d, silent %v)", errBehind, rev, got, silent)
 		}
 	}
 }

@@ -17,9 +17,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -40,21 +43,42 @@ type RefusedError struct {
 
 func (e *RefusedError) Error() string { return e.Code + ": " + e.Message }
 
+// retryError is an edge's answer that asks the agent to connect again,
+// after at least after (an address refused for failed hellos).
+type retryError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+// retryAfter is how long err asks the agent to wait before it connects
+// again; zero if it does not say.
+func retryAfter(err error) time.Duration {
+	var re *retryError
+	if errors.As(err, &re) {
+		return re.after
+	}
+	return 0
+}
+
 // Agent is one `ngstone http` process's tunnel.
 type Agent struct {
 	cfg   Config
 	log   *slog.Logger
 	local *url.URL
-	pool  *localPool
 	// upstreamTLS is the TLS configuration of an https:// local service.
 	upstreamTLS *tls.Config
-	auth        *basicAuth // nil: visitors need no credentials
-	hostHeader  string     // the Host the local service gets; "": the visitor's
-	inspect     *Inspector // nil: no inspector
-	failures    localFailures
-	// watchAfter is when an exchange starts watching its stream (the
-	// constant watchAfter; tests shorten it).
-	watchAfter time.Duration
+	// upstream is the transport to the local service; upstreamMu orders
+	// its replacements (useResponseHeadLimit).
+	upstream   atomic.Pointer[http.Transport]
+	upstreamMu sync.Mutex
+	proxy      *httputil.ReverseProxy
+	auth       *basicAuth // nil: visitors need no credentials
+	hostHeader string     // the Host the local service gets; "": the visitor's
+	inspect    *Inspector // nil: no inspector
+	failures   localFailures
 
 	mu        sync.Mutex
 	status    Status
@@ -79,15 +103,19 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
-	a.pool = a.newPool()
+	digest := mux.InstanceDigest(cfg.InstanceID)
+	a := &Agent{cfg: cfg, log: log.With("instance", digest), local: local, subdomain: cfg.Subdomain}
+	if local.Scheme == "https" {
+		a.upstreamTLS = &tls.Config{ServerName: local.Hostname(), InsecureSkipVerify: cfg.UpstreamInsecure}
+	}
+	a.useResponseHeadLimit(mux.MaxResponseHead)
+	a.proxy = a.newProxy()
 	a.auth = newBasicAuth(cfg.BasicAuth)
 	a.hostHeader = hostHeader(cfg.HostHeader, local)
 	if cfg.InspectAddr != "" {
 		a.inspect = newInspector(a)
 	}
-	a.watchAfter = watchAfter
-	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
+	a.status = Status{State: StateConnecting, InstanceID: digest, Local: local.String()}
 	return a, nil
 }
 
@@ -98,7 +126,8 @@ func NewInstanceID() string {
 	return hex.EncodeToString(b)
 }
 
-// InstanceID returns the agent's instance id.
+// InstanceID returns the agent's instance id, a secret: show its
+// mux.InstanceDigest.
 func (a *Agent) InstanceID() string { return a.cfg.InstanceID }
 
 // Status returns the current status.
@@ -129,7 +158,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadUpstreamCA(); err != nil {
 		return err
 	}
-	defer a.pool.CloseIdleConnections()
+	defer func() { a.transport().CloseIdleConnections() }()
 	defer a.wg.Wait()
 	if a.inspect != nil {
 		ln, err := net.Listen("tcp", a.cfg.InspectAddr)
@@ -160,7 +189,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			bo.reset()
 			attempt = 0
 		}
-		if err := a.wait(ctx, bo.next(time.Now()), attempt+1, err); err != nil {
+		if err := a.wait(ctx, max(bo.next(time.Now()), retryAfter(err)), attempt+1, err); err != nil {
 			a.setStatus(func(s *Status) { s.State, s.Err = StateStopped, nil })
 			return nil
 		}

@@ -132,9 +132,10 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	switch m := msg.(type) {
 	case *mux.HelloOK:
 		c.id = m.SessionID
+		a.useResponseHeadLimit(m.MaxResponseHead)
 	case *mux.Error:
 		if mux.Retryable(m.Code) {
-			return fmt.Errorf("hello: %s", m.Message)
+			return &retryError{err: fmt.Errorf("hello: %s", m.Message), after: time.Duration(m.RetryAfterMS) * time.Millisecond}
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	default:
@@ -315,12 +316,12 @@ func (c *conn) drain() {
 // the session closes. An exchange holds up the drain from accept to its
 // end; an upgraded one no longer does.
 func (c *conn) serveStreams() {
-	for {
-		st, err := c.ys.AcceptStream()
-		if err != nil {
-			return
-		}
-		c.streams.Add()
-		go c.a.serveStream(st, c.streams.Done)
-	}
+	c.a.serveStreams(sessionListener{c.ys}, &c.streams)
 }
+
+// sessionListener accepts the edge's streams; the session's owner closes it.
+type sessionListener struct{ ys *yamux.Session }
+
+func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream() }
+func (l sessionListener) Close() error              { return nil }
+func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }

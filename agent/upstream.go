@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -15,27 +14,6 @@ import (
 
 	"github.com/ngstone/ngstone/mux"
 )
-
-// newPool returns the pool of connections to the local service: plain TCP
-// for http://, TLS (HTTP/1.1) for https://, the local certificate verified
-// against the system's roots, the roots of --upstream-ca-file once Run has
-// read it (loadUpstreamCA), or not at all with --upstream-insecure.
-func (a *Agent) newPool() *localPool {
-	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
-	addr := hostPort(a.local)
-	dial := func() (net.Conn, error) { return dialer.Dial("tcp", addr) }
-	if a.local.Scheme == "https" {
-		a.upstreamTLS = &tls.Config{ServerName: a.local.Hostname(), InsecureSkipVerify: a.cfg.UpstreamInsecure}
-		td := &tls.Dialer{NetDialer: dialer, Config: a.upstreamTLS}
-		dial = func() (net.Conn, error) { return td.DialContext(context.Background(), "tcp", addr) }
-	}
-	return &localPool{
-		dial:        dial,
-		maxIdle:     256,
-		idleTimeout: 90 * time.Second,
-		probeIdle:   defaultProbeIdle,
-	}
-}
 
 // hostPort is u's HOST:PORT, with the scheme's port if u names none.
 func hostPort(u *url.URL) string {

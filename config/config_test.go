@@ -315,3 +315,20 @@ func loadAgent(t *testing.T, key, env string, tune func(*pflag.FlagSet), args ..
 	}
 	return cfg
 }
+
+// TestEdgeACMERetry: the retry schedule of certificate attempts comes from
+// --acme-retry-base and --acme-retry-max (zero: the certs defaults).
+func TestEdgeACMERetry(t *testing.T) {
+	t.Setenv("NGSTONE_ACME_RETRY_MAX", "3h")
+	c, err := loadEdge(t, "--domain", "d.example", "--acme-retry-base", "5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS.RetryBase != 5*time.Minute || cfg.TLS.RetryMax != 3*time.Hour {
+		t.Errorf("RetryBase %v RetryMax %v, want 5m 3h", cfg.TLS.RetryBase, cfg.TLS.RetryMax)
+	}
+}

@@ -115,11 +115,7 @@ func (e *Edge) unbind(ctx context.Context, s *session, hostname string) {
 		return
 	}
 	s.fence(hostname, gen)
-	if _, err := e.store.Release(ctx, hostname, s.id, gen); err != nil {
-		s.log.Warn("release failed", "hostname", hostname, "err", err)
-		return
-	}
-	s.log.Info("unbound", "hostname", hostname, "generation", gen)
+	e.release(ctx, offlineBinding{host: hostname, session: s.id, gen: gen})
 }
 
 func (e *Edge) isClosing() bool {

@@ -17,7 +17,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -250,12 +249,30 @@ type routeTransport struct {
 	local http.RoundTripper
 }
 
+// RoundTrip sends req along its route. When the visitor's body breaks
+// first (malformed, over the limit, stalled), the exchange is over, and
+// that is the error, whatever the other side answered to the broken body.
 func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	rt, _ := req.Context().Value(routeKey{}).(route)
-	if rt.s != nil {
-		return t.local.RoundTrip(req)
+	var body *readErrBody
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &readErrBody{ReadCloser: req.Body}
+		req.Body = body
 	}
-	return t.forward(req, rt)
+	var resp *http.Response
+	var err error
+	if rt.s != nil {
+		resp, err = t.local.RoundTrip(req)
+	} else {
+		resp, err = t.forward(req, rt)
+	}
+	if body != nil && body.failed() != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, body.failed()
+	}
+	return resp, err
 }
 
 // forward sends req to the edge rt names and, if that edge no longer holds
@@ -308,6 +325,9 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		return nil, errNoRoute
 	}
 	out := withBody(req.Clone(req.Context()), body)
+	// The declared trailers' values arrive at the end of the body, in
+	// req's map (mux.PassTrailers), not in the clone's copy of it.
+	out.Trailer = req.Trailer
 	out.URL.Scheme, out.URL.Host, out.RequestURI = "https", addr, ""
 	out.Header.Set(generationHeader, strconv.FormatUint(rt.generation, 10))
 	out.Header.Set(forwardedByHeader, c.node)
@@ -390,30 +410,8 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, true, e.clusterProxy)
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, e.clusterProxy)
 	})
-}
-
-// newClusterProxy is the owner's proxy for forwarded upgrades: it keeps the
-// X-Forwarded headers the first edge set, which it trusts (mutual TLS).
-func (e *Edge) newClusterProxy() http.Handler {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-				if v := pr.In.Header.Values(h); len(v) > 0 {
-					pr.Out.Header[h] = v
-				}
-			}
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "ngstone"
-			pr.Out.Host = pr.In.Host
-		},
-		// An agent's response must not pose as the owner's refusal.
-		ModifyResponse: func(resp *http.Response) error { resp.Header.Del(routeHeader); return nil },
-		Transport:      &streamTransport{e: e},
-		BufferPool:     mux.BufferPool{},
-		ErrorHandler:   e.proxyError,
-	}
 }
 
 // nodeName is this edge's name in the cluster; empty when alone.

@@ -55,7 +55,9 @@ type Edge struct {
 	closing  bool
 
 	listeners map[string]net.Listener
-	servers   []*http.Server
+	servers   []*http.Server   // admin and cluster
+	visitors  []*visitorServer // http and https
+	slots     visitorSlots
 	ctrlLn    net.Listener
 	wg        sync.WaitGroup
 	stop      context.CancelFunc
@@ -96,19 +98,19 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 			return nil, err
 		}
 		e.cluster, e.store = c, c.store
-		e.clusterProxy = e.newClusterProxy()
+		e.clusterProxy = e.newProxy(true)
 	}
 	m, err := certs.New(cfg.TLS, log, e.certPolicy)
 	if err != nil {
 		return nil, err
 	}
 	e.certs = m
-	e.proxy = e.newProxy()
+	e.proxy = e.newProxy(false)
 	e.metrics = newMetrics(e)
 	return e, nil
 }
 
-// Start obtains certificates, binds every listener and serves until Close
+// Start binds every listener, starts certificates and serves until Close
 // or Shutdown. After an error it has released whatever it had bound.
 func (e *Edge) Start(ctx context.Context) (err error) {
 	ctx, e.stop = context.WithCancel(context.WithoutCancel(ctx))
@@ -117,10 +119,14 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			e.Close()
 		}
 	}()
-	if err := e.certs.Start(ctx); err != nil {
+	if err := e.listen(); err != nil {
 		return err
 	}
-	if err := e.listen(); err != nil {
+	// The ACME modes answer challenges on these listeners, and do not
+	// wait for a CA: a missing certificate shows in /healthz and refused
+	// handshakes, never in a failed start.
+	e.certs.UseListeners(e.Addr("http"), e.Addr("https"))
+	if err := e.certs.Start(ctx); err != nil {
 		return err
 	}
 	if e.cluster != nil {
@@ -156,12 +162,12 @@ func (e *Edge) listen() error {
 
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
-		e.serveHTTP(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
+		e.serveVisitors(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
 		// Batched: a visitor's upload is read up to 256 KiB a syscall, and
-		// the records of one response write leave in one (copyResponse).
-		e.serveHTTP(mux.BatchedListener(e.limitVisitors(ln)), e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
+		// the records of one response write leave in one (visitorWriter).
+		e.serveVisitors(mux.BatchedListener(e.limitVisitors(ln)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -171,7 +177,7 @@ func (e *Edge) serve(ctx context.Context) {
 	}
 	tc := e.certs.TLSConfig()
 	tc.NextProtos = []string{mux.ALPN}
-	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.listeners["control"]), tc)
+	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.limitAgents(e.listeners["control"])), tc)
 	e.wg.Add(2)
 	go e.acceptAgents(ctx)
 	go e.reap(ctx)
@@ -180,7 +186,45 @@ func (e *Edge) serve(ctx context.Context) {
 // limitVisitors bounds concurrent visitor connections (MaxConns, MaxConnsPerIP).
 func (e *Edge) limitVisitors(ln net.Listener) net.Listener {
 	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, func(addr string) {
+		e.metrics.limited(limitVisitorConns)
 		e.log.Debug("visitor connection refused: connection limit", "remote", addr)
+	})
+}
+
+// limitAgents bounds concurrent control connections, before any TLS work
+// (MaxAgentConns, MaxAgentConnsPerIP).
+func (e *Edge) limitAgents(ln net.Listener) net.Listener {
+	return newLimitListener(ln, e.cfg.MaxAgentConns, e.cfg.MaxAgentConnsPerIP, func(addr string) {
+		e.metrics.limited(limitAgentConns)
+		e.log.Debug("agent connection refused: connection limit", "remote", addr)
+	})
+}
+
+// serveVisitors serves a visitor listener: over TLS when tc is set.
+func (e *Edge) serveVisitors(ln net.Listener, h http.Handler, tc *tls.Config) {
+	v := e.newVisitorServer(ln, h, tc)
+	e.visitors = append(e.visitors, v)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if err := v.serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			e.log.Error("listener stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// withTLSState gives requests read by the HTTP/1.1 server from a
+// connection the edge shook hands with the TLS state net/http would have
+// set itself.
+func withTLSState(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			if c, ok := r.Context().Value(connKey{}).(*tls.Conn); ok {
+				st := c.ConnectionState()
+				r.TLS = &st
+			}
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -192,9 +236,6 @@ func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          e.certs.ErrorLog(),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
-		},
 	}
 	e.servers = append(e.servers, srv)
 	e.wg.Add(1)
@@ -282,6 +323,10 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); srv.Shutdown(ctx) }()
 	}
+	for _, v := range e.visitors {
+		wg.Add(1)
+		go func() { defer wg.Done(); v.shutdown(ctx) }()
+	}
 	wg.Wait()
 	for _, s := range sessions {
 		s.streams.Wait(ctx, s.closed)
@@ -307,6 +352,9 @@ func (e *Edge) Close() error {
 		// make it report an accept error instead of ErrServerClosed.
 		for _, srv := range e.servers {
 			srv.Close()
+		}
+		for _, v := range e.visitors {
+			v.close()
 		}
 		for _, ln := range e.listeners {
 			ln.Close()

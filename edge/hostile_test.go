@@ -109,7 +109,9 @@ func TestTokenSessionLimit(t *testing.T) {
 }
 
 // TestAuthFailuresRateLimited: after the limit of failed hellos, the
-// address is refused before the TLS handshake.
+// address is refused, even with a good token: the first connection after
+// the ban is told why and for how long, inside TLS; the next ones within a
+// second are closed before the TLS handshake.
 func TestAuthFailuresRateLimited(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.Tokens = []string{"good"}
@@ -120,9 +122,15 @@ func TestAuthFailuresRateLimited(t *testing.T) {
 			t.Fatalf("bad token: %v", m)
 		}
 	}
+	_, m := e.DialRaw(t, hello("good"))
+	refusal, ok := m.(*mux.Error)
+	if !ok || refusal.Code != mux.CodeTooManyFailures || refusal.RetryAfterMS <= 0 || refusal.RetryAfterMS > cfg.AuthFailureWindow.Milliseconds() ||
+		!strings.Contains(refusal.Message, "refused until") {
+		t.Fatalf("a good token from a banned address: %+v, want %s with when to retry", m, mux.CodeTooManyFailures)
+	}
 	_, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
 	if err == nil {
-		t.Fatal("a banned address completed a TLS handshake")
+		t.Fatal("a banned address completed a second TLS handshake within a second")
 	}
 }
 
@@ -171,7 +179,7 @@ func TestVisitorRefusals(t *testing.T) {
 		{"bad host characters", req("GET", "http://app."+d+"/", "app_x."+d, nil, nil), 400, mux.CodeBadHost},
 		{"SNI and Host disagree", req("GET", "https://app."+d+"/hello", "other."+d, nil, nil), 421, mux.CodeMisdirected},
 		{"body too large, declared", req("POST", "http://app."+d+"/echo", "", strings.NewReader(strings.Repeat("x", 2<<10)), nil), 413, mux.CodeBodyTooLarge},
-		{"headers too large", req("GET", "http://app."+d+"/hello", "", nil, func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("x", 70<<10)) }), 431, ""},
+		{"headers too large", req("GET", "http://app."+d+"/hello", "", nil, func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("x", 70<<10)) }), 431, mux.CodeHeadersTooLarge},
 		{"within limits", req("POST", "http://app."+d+"/echo", "", strings.NewReader("small"), nil), 200, ""},
 	}
 	for _, tc := range cases {

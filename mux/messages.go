@@ -1,11 +1,29 @@
 package mux
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Hello is the agent's first frame on the control stream.
 type Hello struct {
-	Version    int    `json:"version"`
-	InstanceID string `json:"instance_id"` // 32 lower-case hex characters (ValidInstanceID), fixed for the agent process
+	Version int `json:"version"`
+	// InstanceID is the agent's instance secret: 32 lower-case hex
+	// characters (ValidInstanceID), fixed for the agent process. It
+	// authorizes taking a name back at once, so the edge keeps and shows
+	// only its InstanceDigest.
+	InstanceID string `json:"instance_id"`
 	Token      string `json:"token,omitempty"`
 	Agent      string `json:"agent,omitempty"` // software version, informational
+}
+
+// InstanceDigest is what the edge, the registry and every display show of
+// an instance id, which is a secret: 32 hex characters of a SHA-256 of it.
+// Rule 1 compares digests, which is comparing the secrets; nothing that
+// shows a digest gives away the id it came from.
+func InstanceDigest(id string) string {
+	sum := sha256.Sum256([]byte("ngstone instance v1\x00" + id))
+	return hex.EncodeToString(sum[:16])
 }
 
 // ValidInstanceID reports whether id is an instance id as a hello carries
@@ -29,6 +47,10 @@ type HelloOK struct {
 	// HeartbeatTimeout is the edge's freshness window in milliseconds, so an
 	// agent can warn when its own interval is too long for it.
 	HeartbeatTimeoutMS int64 `json:"heartbeat_timeout_ms,omitempty"`
+	// MaxResponseHead is the edge's bound on a response head from the
+	// agent, in bytes; zero means MaxResponseHead. The agent holds local
+	// services to it.
+	MaxResponseHead int64 `json:"max_response_head,omitempty"`
 }
 
 // Bind asks for a hostname. An empty Subdomain asks the edge for a random
@@ -90,6 +112,9 @@ type GoAway struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterMS, when set, is how long the agent must wait before it
+	// connects again (an address refused for too many failed hellos).
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }
 
 func (*Hello) MessageType() Type        { return TypeHello }

@@ -26,6 +26,9 @@ const (
 	CodeBodyTooLarge        = "body_too_large"
 	CodeTooManyRequests     = "too_many_requests"
 	CodeBasicAuthRequired   = "basic_auth_required"
+	CodeBadResponse         = "bad_response"
+	CodeMethodNotAllowed    = "method_not_allowed"
+	CodeVisitorLimit        = "visitor_limit"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -46,6 +49,10 @@ var visitorErrors = map[string]struct {
 	CodeBodyTooLarge:        {http.StatusRequestEntityTooLarge, "the request body for %s is too large"},
 	CodeTooManyRequests:     {http.StatusServiceUnavailable, "the tunnel %s is at its limit of concurrent requests; retry shortly"},
 	CodeBasicAuthRequired:   {http.StatusUnauthorized, "%s asks for a user name and password"},
+	CodeBadResponse:         {http.StatusBadGateway, "the response for %s was malformed or its header section too large"},
+	CodeBadRequest:          {http.StatusBadRequest, "the request for %s is malformed"},
+	CodeMethodNotAllowed:    {http.StatusMethodNotAllowed, "%s does not take this method through the tunnel"},
+	CodeVisitorLimit:        {http.StatusTooManyRequests, "this address has too many requests in flight to %s; retry shortly"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an
@@ -70,8 +77,10 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	switch e.status {
-	case http.StatusServiceUnavailable:
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		h.Set("Retry-After", "1")
+	case http.StatusMethodNotAllowed:
+		h.Set("Allow", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS")
 	case http.StatusUnauthorized:
 		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}

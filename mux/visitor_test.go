@@ -21,6 +21,10 @@ func TestWriteVisitorError(t *testing.T) {
 		CodeBodyTooLarge:        413,
 		CodeTooManyRequests:     503,
 		CodeBasicAuthRequired:   401,
+		CodeBadResponse:         502,
+		CodeBadRequest:          400,
+		CodeMethodNotAllowed:    405,
+		CodeVisitorLimit:        429,
 	}
 	if len(tests) != len(visitorErrors) {
 		t.Fatalf("the test pins %d codes, visitorErrors has %d", len(tests), len(visitorErrors))
@@ -54,7 +58,7 @@ func TestWriteVisitorError(t *testing.T) {
 }
 
 func retryAfter(status int) string {
-	if status == http.StatusServiceUnavailable {
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		return "1"
 	}
 	return ""

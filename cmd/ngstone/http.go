@@ -18,6 +18,7 @@ import (
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/config"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/mux"
 )
 
 func newHTTPCmd() *cobra.Command {
@@ -87,7 +88,7 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 			} else {
 				defer release()
 				cfg.InstanceID = id
-				log.Debug("instance id", "id", id, "kept_from_earlier_run", kept)
+				log.Debug("instance", "digest", mux.InstanceDigest(id), "kept_from_earlier_run", kept)
 			}
 		}
 	}

@@ -162,8 +162,12 @@ func (d *DNS) answer(q dns.Question, m *dns.Msg) {
 	hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 1}
 	switch q.Qtype {
 	case dns.TypeSOA:
+		soa := &dns.SOA{Hdr: dns.RR_Header{Name: zone, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 1},
+			Ns: "ns." + zone, Mbox: "hostmaster." + zone, Serial: 1, Refresh: 60, Retry: 60, Expire: 60, Minttl: 1}
 		if name == zone {
-			m.Answer = append(m.Answer, &dns.SOA{Hdr: hdr, Ns: "ns." + zone, Mbox: "hostmaster." + zone, Serial: 1, Refresh: 60, Retry: 60, Expire: 60, Minttl: 1})
+			m.Answer = append(m.Answer, soa)
+		} else {
+			m.Ns = append(m.Ns, soa) // no data at name: the zone's SOA says whose zone it is
 		}
 	case dns.TypeA:
 		m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.IPv4(127, 0, 0, 1)})

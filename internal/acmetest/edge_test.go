@@ -140,13 +140,14 @@ func wantRefused(t *testing.T, e *tunneltest.Edge, roots *x509.CertPool, host st
 
 // TestEdgeWildcardDNS01: the edge obtains *.DOMAIN and DOMAIN from pebble
 // through DNS-01 (rfc2136 updates to a DNS server that pebble then
-// queries) before it serves; a visitor trusting only pebble's root reaches
+// queries) in the background, /healthz turning 200 once it has them; a visitor trusting only pebble's root reaches
 // app.DOMAIN's agent over h2, through the wildcard certificate.
 func TestEdgeWildcardDNS01(t *testing.T) {
 	t.Parallel()
 	d := acmetest.StartDNS(t, domain)
 	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr})
 	e := startEdge(t, withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d))
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
 	bind(t, e, ca.Roots, "app")
 
 	v := wantTunnel(t, e, ca.Roots, "app."+domain, "*."+domain)
@@ -171,6 +172,7 @@ func TestEdgeOnDemand(t *testing.T) {
 	cfg := withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d)
 	cfg.TLS.OnDemand = true
 	e := startEdge(t, cfg)
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
 	bind(t, e, ca.Roots, "app")
 
 	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)

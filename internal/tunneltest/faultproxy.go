@@ -21,7 +21,6 @@ type FaultProxy struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	blocked bool
-	delay   time.Duration
 	links   map[*link]struct{}
 	closed  bool
 	wg      sync.WaitGroup

@@ -264,6 +264,16 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 	}
 }
 
+// figure logs one of the scenario's figures, named by the scenario.
+func figure(t *testing.T, format string, args ...any) {
+	t.Helper()
+	name := t.Name()
+	if i := strings.LastIndexByte(name, '/'); i >= 0 {
+		name = name[i+1:]
+	}
+	t.Logf("figure, %s: "+format, append([]any{name}, args...)...)
+}
+
 // at sleeps until t0+d: the scenario's schedule, not a wait for a condition.
 func at(t0 time.Time, d time.Duration) { time.Sleep(time.Until(t0.Add(d))) }
 
@@ -297,7 +307,7 @@ func (r *rig) sessionsKept(t *testing.T, agents []*tunneltest.Agent, sessions []
 	}
 	for _, e := range r.edges {
 		lost := scrape(t, e.Edge, "")["ngstone_cluster_lease_lost_total"]
-		t.Logf("figure: %s lease lost %v times", e.store.Node(), lost)
+		figure(t, "%s lease lost %v times", e.store.Node(), lost)
 		if lost != 0 {
 			t.Errorf("%s lost its lease", e.store.Node())
 		}
@@ -338,7 +348,7 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 		ag := r.agent((i+1)%len(r.edges), sub, sub)
 		ag.WaitOnline(t)
 		reaches = append(reaches, r.reach(sub, sub, time.Now()))
-		t.Logf("figure: %s bound through e%d at +%v, routable through every edge %v later (bound %v)",
+		figure(t, "%s bound through e%d at +%v, routable through every edge %v later (bound %v)",
 			sub, (i+1)%len(r.edges), after, reaches[i].Round(time.Millisecond), faultReach)
 	}
 	at(t0, faultLength)
@@ -347,7 +357,7 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 	tr.halt()
 	for e := range r.edges {
 		ok, all, fails := tr.share(e, t0, t1)
-		t.Logf("figure: e%d visits during the fault: %d of %d answered 200 (%.2f%%, need %.0f%%); /healthz not 200: %d of %d",
+		figure(t, "e%d visits during the fault: %d of %d answered 200 (%.2f%%, need %.0f%%); /healthz not 200: %d of %d",
 			e, ok, all, 100*float64(ok)/float64(max(all, 1)), 100*faultVisits, tr.unhealth[e], tr.probes[e])
 		if all == 0 || float64(ok) < faultVisits*float64(all) {
 			t.Errorf("e%d: %d of %d visits answered 200; first failures: %v", e, ok, all, fails)
@@ -411,11 +421,11 @@ func testWatchFrozenTakeover(t *testing.T) {
 			}
 		}
 		tr.mu.Unlock()
-		t.Logf("figure: e%d routed %d visitors to the old session after the takeover, the last ending %v after it (bound %v)",
+		figure(t, "e%d routed %d visitors to the old session after the takeover, the last ending %v after it (bound %v)",
 			e, n, last.Round(time.Millisecond), faultStaleness)
 		worst = max(worst, last)
 	}
-	t.Logf("figure: longest window in which an edge routed to the old session: %v (bound %v; e0's watch member frozen)", worst.Round(time.Millisecond), faultStaleness)
+	figure(t, "longest window in which an edge routed to the old session: %v (bound %v; e0's watch member frozen)", worst.Round(time.Millisecond), faultStaleness)
 	if worst > faultStaleness {
 		t.Errorf("an edge routed to the old session %v after the takeover; the bound is %v", worst, faultStaleness)
 	}
@@ -523,9 +533,9 @@ func testLeaderKilled(t *testing.T) {
 		ps[leader].Close() // connections reset, new ones refused
 	}
 	next := r.etcd.Leader()
-	t.Logf("figure: leader m%d killed at +%v; m%d leads %v later", leader, killAt, next, time.Since(now).Round(time.Millisecond))
+	figure(t, "leader m%d killed at +%v; m%d leads %v later", leader, killAt, next, time.Since(now).Round(time.Millisecond))
 	wg.Wait()
-	t.Logf("figure: %d binds and releases over %v, %d of them across the kill (running within 2s after it); every release completed, the slowest %v after its agent stopped",
+	figure(t, "%d binds and releases over %v, %d of them across the kill (running within 2s after it); every release completed, the slowest %v after its agent stopped",
 		cycles, until, overKill, slowest.Round(time.Millisecond))
 	if overKill == 0 {
 		t.Error("no bind and release ran across the kill: the scenario tested nothing")
@@ -584,7 +594,7 @@ func (r *rig) deadHolders(t *testing.T, cli *clientv3.Client) int {
 	for _, kv := range resp.Kvs {
 		left = append(left, strings.TrimPrefix(string(kv.Key), r.c.prefix))
 	}
-	t.Logf("figure: keys left under the prefix: %v; %d names on a dead session", left, n)
+	figure(t, "keys left under the prefix: %v; %d names on a dead session", left, n)
 	return n
 }
 
@@ -625,10 +635,10 @@ func testAuthChange(t *testing.T) {
 	at(t0, 4*time.Second)
 	t1 := time.Now()
 	tr.halt()
-	t.Logf("figure: a name bound after the auth changes is routable through every edge %v later", reach.Round(time.Millisecond))
+	figure(t, "a name bound after the auth changes is routable through every edge %v later", reach.Round(time.Millisecond))
 	for e := range r.edges {
 		ok, all, fails := tr.share(e, t0, t1)
-		t.Logf("figure: e%d visits across the auth changes: %d of %d answered 200; /healthz not 200: %d of %d", e, ok, all, tr.unhealth[e], tr.probes[e])
+		figure(t, "e%d visits across the auth changes: %d of %d answered 200; /healthz not 200: %d of %d", e, ok, all, tr.unhealth[e], tr.probes[e])
 		if all == 0 || float64(ok) < faultVisits*float64(all) || tr.unhealth[e] != 0 {
 			t.Errorf("e%d: %d of %d visits answered 200 (first failures %v), /healthz failed %d times", e, ok, all, fails, tr.unhealth[e])
 		}

@@ -54,7 +54,7 @@ func (c *testCluster) startWith(name string, endpoints []string, etcd func(*regi
 		endpoints = etcdtest.Endpoints(t)
 	}
 	ec := registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
-		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 250 * time.Millisecond, RouteStaleness: time.Second,
+		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second,
 		Log: tunneltest.Logger().With("side", name)}
 	if etcd != nil {
 		etcd(&ec)
@@ -272,7 +272,7 @@ func TestClusterKilledEdge(t *testing.T) {
 		took = ag
 		return true
 	})
-	t.Logf("bound on b %v after a was cut off (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	t.Logf("bound on b %v after a was cut off (lease TTL 2s)", time.Since(killed).Round(time.Millisecond))
 	if a.Sessions() != 0 {
 		t.Fatalf("a kept %d sessions after losing its lease", a.Sessions())
 	}

@@ -109,10 +109,11 @@ type Etcd struct {
 	hooks       Hooks
 	cli         *clientv3.Client
 	callTimeout time.Duration
-	opBudget    time.Duration // all attempts of one store operation
+	opBudget    time.Duration // all attempts of one store operation: ten calls, at least the lease TTL
 	staleness   time.Duration
 
 	mu     sync.Mutex
+	closed bool
 	lease  clientv3.LeaseID
 	ready  bool
 	open   map[uint64]struct{} // sessions of this node opened and not closed
@@ -175,7 +176,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 	}
 	return &Etcd{
 		cfg: cfg, log: log.With("node", cfg.Node),
-		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 3*cfg.CallTimeout), staleness: cfg.RouteStaleness,
+		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 10*cfg.CallTimeout), staleness: cfg.RouteStaleness,
 		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{},
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
 		rereads: make(chan struct{}, maxRereads), restart: make(chan struct{}, 1),
@@ -221,6 +222,9 @@ func (s *Etcd) Start(ctx context.Context, addr string, hooks Hooks) (err error) 
 // when it fails.
 func (s *Etcd) Close() error {
 	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true // no goroutine starts after this
+		s.mu.Unlock()
 		if s.stop != nil {
 			s.stop()
 		}

@@ -111,7 +111,7 @@ func (h *etcdNodes) List(ctx context.Context) ([]registry.Binding, error) {
 func startNode(t *testing.T, cli []string, prefix, name string, hooks registry.Hooks, tune ...func(*registry.EtcdConfig)) *registry.Etcd {
 	t.Helper()
 	cfg := registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: name,
-		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 250 * time.Millisecond, RouteStaleness: time.Second}
+		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second}
 	for _, f := range tune {
 		f(&cfg)
 	}

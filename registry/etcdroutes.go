@@ -88,7 +88,12 @@ func (s *Etcd) Route(ctx context.Context, hostname string) (Binding, bool, error
 		if r.Err != nil {
 			return Binding{}, false, r.Err
 		}
-		b, ok := s.Lookup(hostname)
+		// A read this request joined may have started long before it.
+		b, ok, fresh := s.cached(hostname, time.Now())
+		if !fresh {
+			s.counts.failed.Add(1)
+			return Binding{}, false, fmt.Errorf("%w: etcd answered %s later than the route staleness", ErrUnavailable, hostname)
+		}
 		return b, ok, nil
 	case <-ctx.Done():
 		return Binding{}, false, ctx.Err()

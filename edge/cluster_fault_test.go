@@ -32,8 +32,8 @@ import (
 //	go test -race -run TestClusterEtcdFaults -v ./edge
 
 const (
-	faultTTL       = 5 * time.Second // the edges' lease TTL
-	faultStaleness = faultTTL / 5    // their route staleness: the default fraction
+	faultTTL       = 10 * time.Second // the edges' lease TTL: the default
+	faultStaleness = faultTTL / 5     // their route staleness: the default
 	faultLength    = 20 * time.Second
 	faultReach     = 3 * time.Second // a name bound during a fault is routable everywhere within it
 	faultVisits    = 0.99            // the share of visits through each edge that get 200 during a fault

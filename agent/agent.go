@@ -79,6 +79,7 @@ type Agent struct {
 	hostHeader string     // the Host the local service gets; "": the visitor's
 	inspect    *Inspector // nil: no inspector
 	failures   localFailures
+	strays     localFailures
 
 	mu        sync.Mutex
 	status    Status
@@ -129,6 +130,9 @@ func NewInstanceID() string {
 // InstanceID returns the agent's instance id, a secret: show its
 // mux.InstanceDigest.
 func (a *Agent) InstanceID() string { return a.cfg.InstanceID }
+
+// Inspector returns the agent's inspector; nil without one.
+func (a *Agent) Inspector() *Inspector { return a.inspect }
 
 // Status returns the current status.
 func (a *Agent) Status() Status {

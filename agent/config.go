@@ -49,6 +49,11 @@ type Config struct {
 	// UpstreamInsecure skips verification of an https:// local service's
 	// certificate (a development server's self-signed one).
 	UpstreamInsecure bool
+	// UpstreamProtocol is what the agent speaks to the local service:
+	// "http1" (HTTP/1.1), or "http2" (h2c, HTTP/2 without TLS, to an
+	// http:// local service; h2 through ALPN to an https:// one), which
+	// gRPC servers need. Empty means http1.
+	UpstreamProtocol string
 	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
 	HeartbeatInterval time.Duration
 	// HeartbeatTimeout: with no answer to heartbeats for this long the
@@ -92,6 +97,12 @@ type Config struct {
 	// agent's goroutine; it must not block.
 	OnStatus func(Status) `json:"-"`
 }
+
+// The upstream protocols (Config.UpstreamProtocol).
+const (
+	ProtocolHTTP1 = "http1"
+	ProtocolHTTP2 = "http2"
+)
 
 // DefaultConfig returns the documented defaults of `ngstone http`.
 func DefaultConfig() Config {
@@ -145,6 +156,11 @@ func (c Config) Validate() error {
 		case c.UpstreamInsecure:
 			return fmt.Errorf("upstream-insecure: the local service %s is not https://", local)
 		}
+	}
+	switch c.UpstreamProtocol {
+	case "", ProtocolHTTP1, ProtocolHTTP2:
+	default:
+		return fmt.Errorf("upstream-protocol %q: want %s or %s", c.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
 	}
 	if c.Subdomain != "" {
 		if err := registry.ValidateSubdomain(c.Subdomain, nil); err != nil {

@@ -27,8 +27,10 @@ import (
 // mode says where the stray bytes go: after a response to HEAD (as its
 // "body"), after a 204 or a 304, or past the Content-Length of a 200; later
 // sends them a few milliseconds after the response instead of with it.
-func strayServer(t *testing.T, mode string, later time.Duration) string {
+// closed receives when a connection's other end (the agent) closed it.
+func strayServer(t *testing.T, mode string, later time.Duration) (addr string, closed <-chan struct{}) {
 	t.Helper()
+	gone := make(chan struct{}, 1000)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -47,6 +49,7 @@ func strayServer(t *testing.T, mode string, later time.Duration) string {
 				for {
 					req, err := http.ReadRequest(br)
 					if err != nil {
+						gone <- struct{}{}
 						return
 					}
 					io.Copy(io.Discard, req.Body)
@@ -74,7 +77,7 @@ func strayServer(t *testing.T, mode string, later time.Duration) string {
 			})
 		}
 	})
-	return ln.Addr().String()
+	return ln.Addr().String(), gone
 }
 
 // TestStrayBytesNeverCrossVisitors: whatever a local service writes after
@@ -92,7 +95,8 @@ func TestStrayBytesNeverCrossVisitors(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			sub := strings.ToLower(strings.NewReplacer(".", "", "µ", "u").Replace("stray-" + name))
-			cfg := e.AgentConfig("", strayServer(t, tc.mode, tc.later))
+			addr, closed := strayServer(t, tc.mode, tc.later)
+			cfg := e.AgentConfig("", addr)
 			cfg.Subdomain = sub
 			tunneltest.StartAgent(t, cfg).WaitOnline(t)
 			method := "GET"
@@ -102,12 +106,17 @@ func TestStrayBytesNeverCrossVisitors(t *testing.T) {
 			visitors := []*http.Client{e.Client(), e.Client()}
 			crossed := 0
 			for round := range 200 {
-				if tc.later > 0 {
+				if tc.later > 0 && round > 0 {
 					// The stray bytes arrive while the connection is
-					// idle, before the next request: a request sent
+					// idle, before the next request (a request sent
 					// before they come could not tell them from its
-					// answer, through any HTTP/1.1 relay.
-					time.Sleep(4 * tc.later)
+					// answer, through any HTTP/1.1 relay): the agent
+					// closes that connection.
+					select {
+					case <-closed:
+					case <-time.After(10 * time.Second):
+						t.Fatalf("round %d: the agent kept a connection that received bytes nobody asked for", round)
+					}
 				}
 				who := round % 2
 				secret := fmt.Sprintf("visitor-%d-secret-%d", who, round)

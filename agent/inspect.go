@@ -43,9 +43,12 @@ type Capture struct {
 	Status int    `json:"status"`
 	Code   string `json:"code,omitempty"`
 	// Replay marks an exchange the inspector sent itself.
-	Replay   bool    `json:"replay,omitempty"`
-	Request  Message `json:"request"`
-	Response Message `json:"response"`
+	Replay bool `json:"replay,omitempty"`
+	// GRPCStatus is a gRPC call's status code, from its trailers (its
+	// bodies are kept as they came, not decoded).
+	GRPCStatus string  `json:"grpc_status,omitempty"`
+	Request    Message `json:"request"`
+	Response   Message `json:"response"`
 }
 
 // Message is one side of an exchange, as it crossed the agent: the head
@@ -112,6 +115,7 @@ func (t *teeBody) Read(p []byte) (int, error) {
 // went to the local service, and the response as it came back.
 type capture struct {
 	req, resp capBuf
+	localResp *http.Response // for its trailers, once it has ended
 }
 
 // request records req, the request to the local service.
@@ -125,6 +129,7 @@ func (c *capture) request(req *http.Request) {
 
 // response records resp, the local service's response.
 func (c *capture) response(resp *http.Response) {
+	c.localResp = resp
 	bodyless := resp.Body == nil || resp.Body == http.NoBody
 	c.resp.reset(responseHead(resp), bodyless)
 	if !bodyless {
@@ -188,6 +193,9 @@ func (in *Inspector) add(c Capture) uint64 {
 	return c.ID
 }
 
+// List returns the kept exchanges, newest first.
+func (in *Inspector) List() []Capture { return in.list() }
+
 // list returns the kept exchanges, newest first.
 func (in *Inspector) list() []Capture {
 	in.mu.Lock()
@@ -216,6 +224,12 @@ func (in *Inspector) record(x *exchange, r *http.Request) {
 		Start: x.start, Duration: time.Since(x.start),
 		Method: r.Method, Path: r.URL.RequestURI(), Status: int(x.status.Load()), Code: x.errCode(),
 		Request: x.cap.req.message(), Response: x.cap.resp.message(),
+	}
+	if resp := x.cap.localResp; resp != nil && mux.IsGRPC(r) {
+		c.GRPCStatus = resp.Trailer.Get("Grpc-Status")
+		if c.GRPCStatus == "" {
+			c.GRPCStatus = resp.Header.Get("Grpc-Status") // a response of trailers only
+		}
 	}
 	if c.Request.Head == "" {
 		// Nothing went to the local service (the agent answered itself):

@@ -207,7 +207,7 @@ func (a *Agent) answer(w http.ResponseWriter, r *http.Request, code string) {
 	if x := exchangeOf(r.Context()); x != nil {
 		x.code.Store(code)
 	}
-	mux.WriteVisitorError(w, code, visitorHost(r))
+	mux.WriteVisitorErrorFor(w, r, code, visitorHost(r))
 }
 
 // visitorHost is the host a visitor asked for, for error messages: the
@@ -274,6 +274,13 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	mux.PassTrailers(pr.Out, pr.In)
+	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
+		// The transport sends a request again on a new connection when
+		// nothing of it was written (a pooled connection found closed, or
+		// poisoned: watchedConn), if it can have the body again; unread,
+		// the body is the same.
+		pr.Out.GetBody = func() (io.ReadCloser, error) { return nil, errBodyGone }
+	}
 	if x := exchangeOf(pr.In.Context()); x != nil {
 		// Count what the local service sends before its final response;
 		// the proxy passes each on to the edge.
@@ -289,6 +296,9 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 }
 
 var errTooMany1xx = errors.New("agent: too many informational responses from the local service")
+
+// errBodyGone: a request whose body was partly sent cannot be sent again.
+var errBodyGone = errors.New("agent: the request body was partly sent; it cannot be sent again")
 
 // errBadStatus: the local service's status line names no HTTP status.
 var errBadStatus = errors.New("agent: the local service's status code is not one of HTTP's")
@@ -357,9 +367,29 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if x != nil && x.cap != nil {
 		x.cap.request(req)
 	}
-	resp, err := t.a.transport().RoundTrip(req)
+	resp, err := t.roundTrip(req)
+	for try := 0; try < 3 && errors.Is(err, errStrayBytes) && (req.Body == nil || req.Body == http.NoBody); try++ {
+		// Again, on another connection: the one that answered is gone.
+		resp, err = t.roundTrip(req)
+	}
 	if err == nil && x != nil && x.cap != nil {
 		x.cap.response(resp)
+	}
+	return resp, err
+}
+
+// roundTrip sends req once, refusing a response that was there before the
+// request: bytes another exchange's response left behind (cleanCheck).
+func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) {
+	if t.a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+		// Every HTTP/2 stream is its own: no bytes can be left behind.
+		return t.a.transport().RoundTrip(req)
+	}
+	checked, tainted := cleanCheck(req)
+	resp, err := t.a.transport().RoundTrip(checked)
+	if err == nil && tainted() {
+		resp.Body.Close()
+		return nil, errStrayBytes
 	}
 	return resp, err
 }
@@ -393,7 +423,7 @@ func (a *Agent) useResponseHeadLimit(limit int64) {
 func (a *Agent) newTransport(maxHead int64) *http.Transport {
 	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		DialContext:            dialer.DialContext,
+		DialContext:            a.dialWatched(dialer),
 		TLSClientConfig:        a.upstreamTLS,
 		TLSHandshakeTimeout:    a.cfg.UpstreamDialTimeout,
 		MaxIdleConns:           maxIdleLocal,
@@ -404,6 +434,12 @@ func (a *Agent) newTransport(maxHead int64) *http.Transport {
 		DisableCompression:     true, // the visitor's Accept-Encoding goes as it came
 	}
 	tr.Protocols = new(http.Protocols)
+	if a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+		// HTTP/2 only: prior knowledge without TLS (h2c), ALPN with it.
+		tr.Protocols.SetUnencryptedHTTP2(a.local.Scheme == "http")
+		tr.Protocols.SetHTTP2(a.local.Scheme == "https")
+		return tr
+	}
 	tr.Protocols.SetHTTP1(true)
 	return tr
 }

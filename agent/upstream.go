@@ -65,6 +65,24 @@ type localFailures struct {
 	unsaid int
 }
 
+// strayBytes warns, at most once every localWarnEvery, of a connection to
+// the local service that received bytes nobody asked for.
+func (a *Agent) strayBytes() {
+	f := &a.strays
+	f.mu.Lock()
+	now := time.Now()
+	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
+		f.unsaid++
+		f.mu.Unlock()
+		return
+	}
+	unsaid := f.unsaid
+	f.last, f.unsaid = now, 0
+	f.mu.Unlock()
+	a.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
+		"local", a.local.String(), "times_not_logged", unsaid)
+}
+
 // localFailed logs a request the local service failed, as a warning with a
 // hint at the likely fix, at most once every localWarnEvery.
 func (a *Agent) localFailed(code string, err error) {

@@ -26,7 +26,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.String("tls-mode", d.TLS.Mode, "certificates: "+strings.Join(certs.Modes, ", "))
 	fs.String("tls-cert", "", "certificate PEM file (tls-mode files)")
 	fs.String("tls-key", "", "private key PEM file (tls-mode files)")
-	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem) and ACME state")
+	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem), ACME state, and the registry (registry.db) of an edge that runs alone")
 	fs.StringArray("token", nil, "agent token to accept (repeatable; none means any agent may connect)")
 	fs.String("tokens-file", "", "YAML file of agent tokens")
 	fs.StringSlice("reserved-names", d.ReservedNames, "subdomains no agent may bind")

@@ -161,13 +161,19 @@ func (e *Edge) silentHolder(ctx context.Context, host string) string {
 	if err != nil || !ok || !e.local(b) {
 		return ""
 	}
-	s := e.session(b.SessionID)
-	if s == nil {
+	var silent, window, quiet time.Duration
+	if s := e.session(b.SessionID); s != nil {
+		silent, window = time.Since(time.Unix(0, s.lastBeat.Load())), e.cfg.HeartbeatTimeout
+		quiet = window / 3 // a holder heard a moment ago is just busy
+	} else if e.restored(b) {
+		// Held since before the edge restarted: its agent has not come
+		// back yet.
+		silent, window = time.Since(b.LastHeard), e.restoredWindow()
+	} else {
 		return ""
 	}
-	silent := time.Since(time.Unix(0, s.lastBeat.Load()))
-	left := e.cfg.HeartbeatTimeout - silent
-	if silent < e.cfg.HeartbeatTimeout/3 || left <= 0 {
+	left := window - silent
+	if silent < quiet || left <= 0 {
 		return ""
 	}
 	return fmt.Sprintf("; it has not been heard from for %s, and the name frees itself in %s if it stays silent",

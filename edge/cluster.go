@@ -390,7 +390,7 @@ func (e *Edge) clusterHandler() http.Handler {
 		host, err := NormalizeHost(r.Host)
 		gen, gerr := strconv.ParseUint(r.Header.Get(generationHeader), 10, 64)
 		if err != nil || gerr != nil {
-			mux.WriteVisitorError(w, mux.CodeBadHost, r.Host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeBadHost, r.Host)
 			return
 		}
 		b, ok, err := e.cluster.store.Route(r.Context(), host)
@@ -400,12 +400,12 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		if !ok || b.Node != e.cluster.node || b.Generation != gen {
 			w.Header().Set(routeHeader, "stale")
-			mux.WriteVisitorError(w, mux.CodeMisdirected, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeMisdirected, host)
 			return
 		}
 		s := e.session(b.SessionID)
 		if s == nil || !s.holds(host, gen) || !s.live(time.Now()) {
-			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
 			return
 		}
 		r.Header.Del(generationHeader)

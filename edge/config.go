@@ -98,9 +98,13 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config
-	// Store holds the bindings; nil means a registry.Memory of this edge.
-	// Cluster, when set, replaces it.
+	// Store holds the bindings; nil means a registry.Memory of this edge,
+	// or with RegistryFile a registry.Bolt. Cluster, when set, replaces it.
 	Store registry.Store `json:"-"`
+	// RegistryFile is the file of a single edge's registry, which keeps
+	// the bindings across restarts (the CLI's --data-dir/registry.db);
+	// empty keeps them in memory. Not with Cluster.
+	RegistryFile string
 	// Cluster shares the registry with other edges; nil runs alone.
 	Cluster *ClusterConfig `json:"-"`
 }
@@ -188,6 +192,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatTimeout < 0 {
 		return fmt.Errorf("heartbeat-timeout %s: must not be negative", c.HeartbeatTimeout)
+	}
+	if c.RegistryFile != "" && (c.Cluster != nil || c.Store != nil) {
+		return errors.New("a registry file is for an edge that runs alone, on its own store")
 	}
 	for i := range c.TokenPolicies {
 		if err := c.TokenPolicies[i].Validate(i); err != nil {

@@ -32,12 +32,16 @@ import (
 
 // Edge is one edge server. New builds it without I/O; Start binds and serves.
 type Edge struct {
-	cfg     Config
-	log     *slog.Logger
-	store   registry.Store
-	certs   *certs.Manager
-	proxy   http.Handler
-	metrics *metrics
+	cfg   Config
+	log   *slog.Logger
+	store registry.Store
+	// persist is the store when it outlives the process (RegistryFile);
+	// restoredFloor is the highest session id of the process before.
+	persist       *registry.Bolt
+	restoredFloor uint64
+	certs         *certs.Manager
+	proxy         http.Handler
+	metrics       *metrics
 	// cluster is nil on an edge that runs alone.
 	cluster      *cluster
 	clusterProxy http.Handler
@@ -119,6 +123,11 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			e.Close()
 		}
 	}()
+	if e.cfg.RegistryFile != "" && e.cluster == nil {
+		if err := e.openRegistry(); err != nil {
+			return err
+		}
+	}
 	if err := e.listen(); err != nil {
 		return err
 	}
@@ -304,9 +313,13 @@ func (e *Edge) Run(ctx context.Context) error {
 	return e.Shutdown(sctx)
 }
 
-// Shutdown stops accepting visitors and agents, tells agents to go away
-// (they reconnect with takeover), waits for in-flight requests until ctx
-// ends, then closes everything.
+// Shutdown stops the edge in the order that loses no accepted request: no
+// new agents or binds; sessions whose agent is already silent closed at
+// once (their requests get tunnel_offline now rather than hold the rest
+// up); no new visitor connections, while every request already read is
+// routed and answered with the agents still connected; only then are the
+// agents told to go away (they reconnect, with takeover). ctx bounds the
+// whole; then Close.
 func (e *Edge) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	e.closing = true
@@ -315,8 +328,11 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 	if e.ctrlLn != nil {
 		e.ctrlLn.Close()
 	}
+	now := time.Now()
 	for _, s := range sessions {
-		s.send(&mux.GoAway{Reason: "edge shutting down"})
+		if s.helloDone() && !s.live(now) {
+			s.close()
+		}
 	}
 	var wg sync.WaitGroup
 	for _, srv := range e.servers {
@@ -328,6 +344,10 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 		go func() { defer wg.Done(); v.shutdown(ctx) }()
 	}
 	wg.Wait()
+	e.recordHeard()
+	for _, s := range sessions {
+		s.send(&mux.GoAway{Reason: "edge shutting down"})
+	}
 	for _, s := range sessions {
 		s.streams.Wait(ctx, s.closed)
 	}
@@ -363,10 +383,16 @@ func (e *Edge) Close() error {
 			s.close()
 		}
 		e.wg.Wait()
-		// A shared store outlives this edge: leave it nothing of ours.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		e.releaseOffline(ctx, time.Time{})
-		cancel()
+		if e.persist != nil {
+			// The bindings outlive the process: after a restart, their
+			// agents take them back (and others wait out the window).
+			e.persist.Close()
+		} else {
+			// A shared store outlives this edge: leave it nothing of ours.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			e.releaseOffline(ctx, time.Time{})
+			cancel()
+		}
 		if e.cluster != nil {
 			e.cluster.forward.CloseIdleConnections()
 			e.cluster.store.Close()
@@ -394,8 +420,10 @@ func (e *Edge) session(id uint64) *session {
 // holderLive is the registry's liveness question, computed now: the holder's
 // session exists, is open, and heartbeated within the freshness window.
 func (e *Edge) holderLive(b registry.Binding) bool {
-	s := e.session(b.SessionID)
-	return s != nil && s.live(time.Now())
+	if s := e.session(b.SessionID); s != nil {
+		return s.live(time.Now())
+	}
+	return e.restored(b) && time.Since(b.LastHeard) <= e.restoredWindow()
 }
 
 // certPolicy allows on-demand certificates only for the domain and hostnames
@@ -420,6 +448,7 @@ func (e *Edge) reap(ctx context.Context) {
 	defer e.wg.Done()
 	t := time.NewTicker(max(e.cfg.HeartbeatTimeout/4, time.Millisecond))
 	defer t.Stop()
+	var lastHeard time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -435,6 +464,10 @@ func (e *Edge) reap(ctx context.Context) {
 				}
 			}
 			e.releaseOffline(ctx, now)
+			if now.Sub(lastHeard) >= e.heardEvery() {
+				e.recordHeard()
+				lastHeard = now
+			}
 			e.retryUnclosed()
 			e.auth.sweep(now)
 		}

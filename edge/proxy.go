@@ -45,12 +45,12 @@ func (e *Edge) visitorHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, code := e.checkVisitor(r)
 		if code != "" {
-			mux.WriteVisitorError(w, code, host)
+			mux.WriteVisitorErrorFor(w, r, code, host)
 			return
 		}
 		if max := e.cfg.MaxRequestBody; max > 0 {
 			if r.ContentLength > max {
-				mux.WriteVisitorError(w, mux.CodeBodyTooLarge, host)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeBodyTooLarge, host)
 				return
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, max)
@@ -61,21 +61,21 @@ func (e *Edge) visitorHandler() http.Handler {
 			return
 		}
 		if !ok {
-			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, host)
 			return
 		}
 		rt := route{node: b.Node, hostname: host, generation: b.Generation}
 		if e.local(b) {
 			rt.s = e.session(b.SessionID)
 			if rt.s == nil || !rt.s.live(time.Now()) {
-				mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
 				return
 			}
 		}
 		release, ok := e.slots.acquire(host, hostOf(r.RemoteAddr), e.cfg.MaxRequestsPerIP)
 		if !ok {
 			e.metrics.limited(limitVisitorRequests)
-			mux.WriteVisitorError(w, mux.CodeVisitorLimit, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeVisitorLimit, host)
 			return
 		}
 		defer release()
@@ -254,28 +254,28 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	case errors.Is(err, errNotBound):
-		mux.WriteVisitorError(w, mux.CodeTunnelNotFound, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, hostname)
 	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
-		mux.WriteVisitorError(w, mux.CodeTunnelOffline, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, hostname)
 	case errors.Is(err, errTooManyStreams):
 		e.metrics.limited(limitSessionStreams)
-		mux.WriteVisitorError(w, mux.CodeTooManyRequests, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTooManyRequests, hostname)
 	case errors.As(err, new(*http.MaxBytesError)):
-		mux.WriteVisitorError(w, mux.CodeBodyTooLarge, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBodyTooLarge, hostname)
 	case errors.Is(err, errHeadTooLarge):
 		e.metrics.limited(limitResponseHead)
-		mux.WriteVisitorError(w, mux.CodeBadResponse, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadResponse, hostname)
 	case errors.Is(err, errBadResponse):
-		mux.WriteVisitorError(w, mux.CodeBadResponse, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadResponse, hostname)
 	case errors.As(err, &ne) && ne.Timeout():
-		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelTimeout, hostname)
 	case errors.Is(err, errVisitorRead):
 		// The visitor's upload stalled or was malformed: what is left of
 		// it on the connection is not a request.
 		w.Header().Set("Connection", "close")
-		mux.WriteVisitorError(w, mux.CodeBadRequest, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadRequest, hostname)
 	default:
-		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelInterrupted, hostname)
 	}
 	e.log.Debug("visitor request failed", "hostname", hostname, "err", err)
 }

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 )
 
 // ErrorHeader names the header on every response that ngstone (edge or
@@ -86,6 +89,55 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	}
 	w.WriteHeader(e.status)
 	fmt.Fprintf(w, e.text+" (%s)\n", host, code)
+}
+
+// WriteVisitorErrorFor is WriteVisitorError for the request r: a gRPC
+// request (Content-Type application/grpc) gets the answer gRPC clients
+// read, a grpc-status in a response without a body (gRPC's Trailers-Only),
+// beside the same status and ErrorHeader.
+func WriteVisitorErrorFor(w http.ResponseWriter, r *http.Request, code, host string) {
+	if !IsGRPC(r) {
+		WriteVisitorError(w, code, host)
+		return
+	}
+	e, ok := visitorErrors[code]
+	if !ok {
+		e = visitorErrors[CodeTunnelInterrupted]
+	}
+	h := w.Header()
+	h.Set(ErrorHeader, code)
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Grpc-Status", strconv.Itoa(grpcCode(e.status)))
+	h.Set("Grpc-Message", url.PathEscape(fmt.Sprintf(e.text+" (%s)", host, code)))
+	h.Set("Content-Length", "0")
+	w.WriteHeader(e.status)
+}
+
+// IsGRPC reports whether r is a gRPC call.
+func IsGRPC(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+}
+
+// grpcCode is the gRPC status of an HTTP status, by gRPC's own table
+// (doc/http-grpc-status-mapping.md), with a body or head too large as
+// RESOURCE_EXHAUSTED.
+func grpcCode(status int) int {
+	switch status {
+	case http.StatusBadRequest:
+		return 13 // INTERNAL
+	case http.StatusUnauthorized:
+		return 16 // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return 7 // PERMISSION_DENIED
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return 12 // UNIMPLEMENTED
+	case http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge:
+		return 8 // RESOURCE_EXHAUSTED
+	case http.StatusTooManyRequests, http.StatusMisdirectedRequest, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return 14 // UNAVAILABLE
+	}
+	return 2 // UNKNOWN
 }
 
 // AppendVisitorError appends to b the whole HTTP/1.1 response that

@@ -84,3 +84,28 @@ func TestVisitorErrorHostIsQuoted(t *testing.T) {
 		t.Fatalf("body %q has more than one line", rec.Body.String())
 	}
 }
+
+// TestWriteVisitorErrorGRPC: a gRPC call gets the same status and code,
+// and a grpc-status with the sentence in a response without a body.
+func TestWriteVisitorErrorGRPC(t *testing.T) {
+	for code, want := range map[string]string{
+		CodeUpstreamUnreachable: "14", CodeTunnelNotFound: "12", CodeBasicAuthRequired: "16",
+		CodeBodyTooLarge: "8", CodeBadRequest: "13", CodeTunnelTimeout: "14",
+	} {
+		req := httptest.NewRequest("POST", "/pkg.Service/Method", nil)
+		req.Header.Set("Content-Type", "application/grpc+proto")
+		rec := httptest.NewRecorder()
+		WriteVisitorErrorFor(rec, req, code, "app.example.com")
+		if rec.Code != VisitorStatus(code) || rec.Header().Get(ErrorHeader) != code || rec.Header().Get("Grpc-Status") != want ||
+			rec.Header().Get("Content-Type") != "application/grpc" || rec.Body.Len() != 0 ||
+			!strings.Contains(rec.Header().Get("Grpc-Message"), "app.example.com") {
+			t.Errorf("%s: %d %v %q", code, rec.Code, rec.Header(), rec.Body.String())
+		}
+	}
+	plain := httptest.NewRequest("GET", "/", nil)
+	rec := httptest.NewRecorder()
+	WriteVisitorErrorFor(rec, plain, CodeTunnelNotFound, "app.example.com")
+	if rec.Header().Get("Grpc-Status") != "" || rec.Body.Len() == 0 {
+		t.Errorf("a plain request got a gRPC answer: %v", rec.Header())
+	}
+}

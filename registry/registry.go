@@ -37,6 +37,11 @@ type Binding struct {
 	Node       string // the edge holding the session; empty on a single edge
 	Generation uint64
 	BoundAt    time.Time
+	// LastHeard is when the holder was last known to be heard from, as a
+	// store that outlives the edge (Bolt) keeps it: after a restart the
+	// holder counts as live until its freshness window has passed since.
+	// Zero in the other stores.
+	LastHeard time.Time
 }
 
 // Claim asks for a hostname on behalf of one session.

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lmittmann/tint"
@@ -41,31 +40,15 @@ func newLogger(lc config.Log, w *os.File) *slog.Logger {
 // stdlogWriter takes what libraries print with the standard logger into
 // the structured log. net/http's transport prints each response a local
 // service sent unasked on an idle connection, with its first bytes, which
-// may be another visitor's data: that becomes one warning without them,
-// at most one every 10 s.
-type stdlogWriter struct {
-	log *slog.Logger
-
-	mu     sync.Mutex
-	last   time.Time
-	unsaid int
-}
+// may be another visitor's data: the agent warns of those itself, without
+// the bytes, so here they are dropped.
+type stdlogWriter struct{ log *slog.Logger }
 
 func (w *stdlogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
 	if !strings.HasPrefix(msg, "Unsolicited response received on idle HTTP channel") {
 		w.log.Warn(msg, "from", "net/http")
-		return len(p), nil
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if now := time.Now(); now.Sub(w.last) >= 10*time.Second {
-		w.log.Warn("the local service sent bytes nobody asked for on an idle connection (a body after HEAD, 204 or 304, or past its Content-Length); that connection was closed, and no visitor got them",
-			"times_not_logged", w.unsaid)
-		w.last, w.unsaid = now, 0
-		return len(p), nil
-	}
-	w.unsaid++
 	return len(p), nil
 }
 

@@ -346,11 +346,13 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 	for i, after := range []time.Duration{time.Second, faultLength / 2} {
 		at(t0, after)
 		sub := fmt.Sprintf("late%d", i)
+		start := time.Now()
 		ag := r.agent((i+1)%len(r.edges), sub, sub)
 		ag.WaitOnline(t)
+		online := time.Since(start)
 		reaches = append(reaches, r.reach(sub, sub, time.Now()))
-		figure(t, "%s bound through e%d at +%v, routable through every edge %v later (bound %v)",
-			sub, (i+1)%len(r.edges), after, reaches[i].Round(time.Millisecond), faultReach)
+		figure(t, "%s bound through e%d at +%v (online %v after its agent started), routable through every edge %v later (bound %v)",
+			sub, (i+1)%len(r.edges), after, online.Round(time.Millisecond), reaches[i].Round(time.Millisecond), faultReach)
 	}
 	at(t0, faultLength)
 	end()

@@ -364,14 +364,17 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key := s.hostKey(c.Hostname)
+	var resp *clientv3.GetResponse // the key as last read
 	for range bindAttempts {
 		lease, ready := s.currentLease()
 		if !ready {
 			return Result{}, ErrUnavailable
 		}
-		resp, err := s.get(ctx, key)
-		if err != nil {
-			return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+		var err error
+		if resp == nil {
+			if resp, err = s.get(ctx, key); err != nil {
+				return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+			}
 		}
 		cur := held{}
 		if len(resp.Kvs) > 0 {
@@ -381,7 +384,9 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 			}
 			cur.ok, cur.rev = true, kv.ModRevision
 		}
-		res, done, err := s.tryBind(ctx, c, lease, key, cur)
+		var res Result
+		var done bool
+		res, done, resp, err = s.tryBind(ctx, c, lease, key, cur)
 		if done || err != nil {
 			return res, err
 		}
@@ -397,8 +402,14 @@ type held struct {
 }
 
 // tryBind decides on the binding read and commits the decision if the key
-// is still as read. done is false when it was not.
-func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held) (Result, bool, error) {
+// is still as read. done is false when it was not; then next is the key
+// as read back after a transaction whose answer was lost, the read the
+// next attempt starts from (nil: read again). Starting from it also keeps
+// a retried transaction off the member that held the last one: the
+// client's balancer takes members in turn, and a read-back, a read and a
+// transaction would be three turns, which on three members sends every
+// attempt to the same one.
+func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held) (res Result, done bool, next *clientv3.GetResponse, err error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.rev)}
 	var outcome Outcome
 	var reread []clientv3.Op // what a failed transaction reads back
@@ -407,9 +418,9 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 		outcome = Created
 		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
 	case c.Exclusive:
-		return Result{}, true, ErrTaken
+		return Result{}, true, nil, ErrTaken
 	case old.SessionID == c.SessionID && old.Node == c.Node && sameInstance(old, c):
-		return Result{Binding: old, Outcome: Unchanged}, true, nil
+		return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
 	case sameInstance(old, c):
 		outcome = SameInstance
 	default:
@@ -422,49 +433,45 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0)}
 	val, _ := json.Marshal(record{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID, Node: b.Node, BoundAt: b.BoundAt})
 	var tr *clientv3.TxnResponse
-	err := s.once(ctx, func(ctx context.Context) (err error) {
+	err = s.once(ctx, func(ctx context.Context) (err error) {
 		tr, err = s.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).Else(reread...).Commit()
 		return err
 	})
 	if err != nil && transient(err) {
 		// The transaction may have been applied: read, do not resend.
-		rev, ok, rerr := s.wrote(ctx, key, val)
-		if rerr != nil || !ok {
-			return Result{}, false, rerr
+		resp, rerr := s.get(ctx, key)
+		if rerr != nil {
+			return Result{}, true, nil, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
 		}
-		tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: rev}}
+		if !holds(resp, val) {
+			return Result{}, false, resp, nil
+		}
+		tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: resp.Kvs[0].ModRevision}}
 	} else if err != nil {
-		return Result{}, true, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
 	if !tr.Succeeded {
 		if outcome == DeadHolder && keyAt(tr, cur.rev) {
 			// The binding is as read, so the holder's session key stood
 			// in the way: it is live (rule 3).
-			return Result{}, true, ErrTaken
+			return Result{}, true, nil, ErrTaken
 		}
-		return Result{}, false, nil
+		return Result{}, false, nil, nil
 	}
 	b.Generation = uint64(tr.Header.Revision)
 	s.applyLocal(c.Hostname, &b, tr.Header.Revision)
-	res := Result{Binding: b, Outcome: outcome}
+	res = Result{Binding: b, Outcome: outcome}
 	if cur.ok {
 		res.Previous = &cur.b
 	}
-	return res, true, nil
+	return res, true, nil, nil
 }
 
-// wrote reads key back after a write whose answer was lost: ok when it
-// holds exactly val (a binding record names its session and the instant
-// of its bind), with the revision that wrote it.
-func (s *Etcd) wrote(ctx context.Context, key string, val []byte) (int64, bool, error) {
-	resp, err := s.get(ctx, key)
-	if err != nil {
-		return 0, false, fmt.Errorf("registry: read back %s: %w", key, err)
-	}
-	if len(resp.Kvs) == 0 || string(resp.Kvs[0].Value) != string(val) {
-		return 0, false, nil
-	}
-	return resp.Kvs[0].ModRevision, true, nil
+// holds reports whether the key read holds exactly val: a binding record
+// names its session and the instant of its bind, so it is the write that
+// made it.
+func holds(resp *clientv3.GetResponse, val []byte) bool {
+	return len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == string(val)
 }
 
 // keyAt reports whether the Else branch of tr read the key at rev.

@@ -281,10 +281,7 @@ func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 	}
 	s.setOpen(sess.ID, true)
 	key := s.sessionKey(s.cfg.Node, sess.ID)
-	err = s.retry(ctx, func(ctx context.Context) error {
-		_, err := s.cli.Put(ctx, key, string(val), clientv3.WithLease(lease))
-		return err
-	})
+	_, err = s.idempotent(ctx, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
 	if err != nil {
 		// A put that etcd applies late is removed by reconcile.
 		s.setOpen(sess.ID, false)
@@ -298,11 +295,7 @@ func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 func (s *Etcd) CloseSession(ctx context.Context, id uint64) error {
 	s.setOpen(id, false)
 	key := s.sessionKey(s.cfg.Node, id)
-	err := s.retry(ctx, func(ctx context.Context) error {
-		_, err := s.cli.Delete(ctx, key)
-		return err
-	})
-	if err != nil {
+	if _, err := s.idempotent(ctx, clientv3.OpDelete(key)); err != nil {
 		return fmt.Errorf("cluster: close session %d: %w", id, err)
 	}
 	return nil
@@ -432,31 +425,25 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
 		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0)}
 	val, _ := json.Marshal(record{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID, Node: b.Node, BoundAt: b.BoundAt})
-	var tr *clientv3.TxnResponse
-	err = s.once(ctx, func(ctx context.Context) (err error) {
-		tr, err = s.cli.Txn(ctx).If(cmps...).Then(clientv3.OpPut(key, string(val), clientv3.WithLease(lease))).Else(reread...).Commit()
-		return err
-	})
-	if err != nil && transient(err) {
-		// The transaction may have been applied: read, do not resend.
-		resp, rerr := s.get(ctx, key)
-		if rerr != nil {
-			return Result{}, true, nil, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
-		}
-		if !holds(resp, val) {
-			return Result{}, false, resp, nil
-		}
-		tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: resp.Kvs[0].ModRevision}}
-	} else if err != nil {
+	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(lease))}, reread))
+	if err != nil && !transient(err) {
 		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
-	if !tr.Succeeded {
-		if outcome == DeadHolder && keyAt(tr, cur.rev) {
-			// The binding is as read, so the holder's session key stood
+	if err != nil || !tr.Succeeded {
+		// Applied or not, by this copy or by its hedge: read, never resend.
+		resp, rerr := s.get(ctx, key)
+		switch {
+		case rerr != nil:
+			return Result{}, true, nil, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
+		case holds(resp, val):
+			tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: resp.Kvs[0].ModRevision}}
+		case err == nil && outcome == DeadHolder && keyAt(tr, cur.rev):
+			// The binding was as read, so the holder's session key stood
 			// in the way: it is live (rule 3).
 			return Result{}, true, nil, ErrTaken
+		default:
+			return Result{}, false, resp, nil
 		}
-		return Result{}, false, nil, nil
 	}
 	b.Generation = uint64(tr.Header.Revision)
 	s.applyLocal(c.Hostname, &b, tr.Header.Revision)
@@ -484,7 +471,8 @@ func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
 }
 
 // Release deletes hostname while sessionID at generation owns it. After a
-// delete whose answer was lost, a hostname found gone counts as released.
+// delete whose answer did not settle it (lost, or its hedge's), a hostname
+// found gone counts as released.
 func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	if generation > math.MaxInt64 {
 		return false, nil
@@ -492,13 +480,13 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key, gen := s.hostKey(hostname), int64(generation)
-	for {
+	for sent := false; ; {
 		resp, err := s.get(ctx, key)
 		if err != nil {
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 		}
 		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != gen {
-			return false, nil
+			return sent && len(resp.Kvs) == 0, nil
 		}
 		// A ModRevision names one write, so the owner read here is the
 		// owner the guarded delete below removes.
@@ -506,20 +494,17 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		if err != nil || old.SessionID != sessionID {
 			return false, err
 		}
-		var tr *clientv3.TxnResponse
-		err = s.once(ctx, func(ctx context.Context) (err error) {
-			tr, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.ModRevision(key), "=", gen)).Then(clientv3.OpDelete(key)).Commit()
-			return err
-		})
+		tr, err := s.txn(ctx, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", gen)},
+			[]clientv3.Op{clientv3.OpDelete(key)}, nil))
 		switch {
-		case err != nil && transient(err) && ctx.Err() == nil:
-			continue // read whether it was applied; the guard makes a resend harmless
-		case err != nil:
+		case err != nil && !transient(err):
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
-		case tr.Succeeded:
+		case err == nil && tr.Succeeded:
 			s.applyLocal(hostname, nil, tr.Header.Revision)
+			return true, nil
 		}
-		return tr.Succeeded, nil
+		// Applied or not, by this copy or by its hedge: read, never resend.
+		sent = true
 	}
 }
 

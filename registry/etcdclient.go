@@ -98,16 +98,29 @@ func (s *Etcd) retry(ctx context.Context, call func(context.Context) error) erro
 		// Not at once: every member may be refusing (an election).
 		select {
 		case <-ctx.Done():
-		case <-time.After(s.callTimeout / 8):
+		case <-time.After(jitter(s.callTimeout / 8)):
 		}
 	}
+}
+
+// jitter returns d give or take a quarter, at random: loops that call etcd
+// at fixed intervals fall into step with each other, and then with the
+// balancer's turns (see confirmLoop).
+func jitter(d time.Duration) time.Duration {
+	return max(d*3/4+rand.N(d/2+1), time.Millisecond)
 }
 
 // get reads key (linearizable), hedged and retried.
 func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	// One Op for every attempt: options are closures that may write what
 	// they captured (WithSort does), so they are applied once.
-	op := clientv3.OpGet(key, opts...)
+	resp, err := s.idempotent(ctx, clientv3.OpGet(key, opts...))
+	return resp.Get(), err
+}
+
+// idempotent runs op, a read or a write whose repetition changes nothing,
+// hedged and retried.
+func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
 	var resp clientv3.OpResponse
 	err := s.retry(ctx, func(ctx context.Context) (err error) {
 		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
@@ -115,7 +128,23 @@ func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (
 		})
 		return err
 	})
-	return resp.Get(), err
+	return resp, err
+}
+
+// txn sends op, a transaction guarded so that it applies at most once
+// however often it is sent (a compare on the key's revision, and a value
+// no other write carries), hedged like a read. An answer that does not
+// settle it (an error, or a compare that failed, maybe because its hedge
+// had applied it) is for the caller to read back.
+func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
+	var resp clientv3.OpResponse
+	err := s.once(ctx, func(ctx context.Context) (err error) {
+		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
+			return s.cli.Do(ctx, op)
+		})
+		return err
+	})
+	return resp.Txn(), err
 }
 
 // hedges is how many reads hedged runs at most for one answer: a second
@@ -126,7 +155,7 @@ const hedges = 2
 // come, up to hedges at once: the client sends each to the next member, so
 // a member that holds calls without answering costs an interval, not a
 // whole call timeout. The first answer wins; if every call fails, the last
-// error is returned. call must be a read.
+// error is returned. call must be safe to repeat.
 func hedged[T any](ctx context.Context, interval time.Duration, call func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -265,21 +294,19 @@ func (s *Etcd) register(ctx context.Context, wait bool) (time.Time, error) {
 }
 
 // claimNode creates key on lease if it is absent. A transaction whose
-// answer was lost is read back: the key on this lease means it was applied.
+// answer does not settle it is read back: the key on this lease means it
+// was applied.
 func (s *Etcd) claimNode(ctx context.Context, key, val string, lease clientv3.LeaseID) (bool, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
+	op := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)},
+		[]clientv3.Op{clientv3.OpPut(key, val, clientv3.WithLease(lease))}, nil)
 	for {
-		var tr *clientv3.TxnResponse
-		err := s.once(ctx, func(ctx context.Context) (err error) {
-			tr, err = s.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-				Then(clientv3.OpPut(key, val, clientv3.WithLease(lease))).Commit()
-			return err
-		})
-		if err == nil {
-			return tr.Succeeded, nil
+		tr, err := s.txn(ctx, op)
+		if err == nil && tr.Succeeded {
+			return true, nil
 		}
-		if !transient(err) || ctx.Err() != nil {
+		if err != nil && (!transient(err) || ctx.Err() != nil) {
 			return false, err
 		}
 		resp, err := s.get(ctx, key)

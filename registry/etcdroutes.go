@@ -434,20 +434,21 @@ func (s *Etcd) pruneTombs() {
 	}
 }
 
-// confirmLoop confirms the cache current every quarter of RouteStaleness.
+// confirmLoop confirms the cache current every quarter of RouteStaleness
+// or so: jittered, as the client's balancer takes members in turn, and a
+// loop in step with another would send the calls of one to the same member
+// every time (a hung one, as the fault test found).
 // A watch that answers nothing when asked for its progress, or that stays
 // behind for two rounds in a row (its member may have lost its peers, and
 // still answers from what it has), is replaced.
 func (s *Etcd) confirmLoop(ctx context.Context) {
 	defer s.wg.Done()
-	t := time.NewTicker(max(s.staleness/4, time.Millisecond))
-	defer t.Stop()
 	behind := 0
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(jitter(s.staleness / 4)):
 		}
 		silent, err := s.confirm(ctx)
 		switch {

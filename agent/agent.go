@@ -75,9 +75,10 @@ type Agent struct {
 	upstream   atomic.Pointer[http.Transport]
 	upstreamMu sync.Mutex
 	proxy      *httputil.ReverseProxy
-	auth       *basicAuth // nil: visitors need no credentials
-	hostHeader string     // the Host the local service gets; "": the visitor's
-	inspect    *Inspector // nil: no inspector
+	auth       *basicAuth   // nil: visitors need no credentials
+	headers    *headerRules // nil: none
+	hostHeader string       // the Host the local service gets; "": the visitor's
+	inspect    *Inspector   // nil: no inspector
 	failures   localFailures
 	strays     localFailures
 
@@ -112,6 +113,7 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	a.useResponseHeadLimit(mux.MaxResponseHead)
 	a.proxy = a.newProxy()
 	a.auth = newBasicAuth(cfg.BasicAuth)
+	a.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	a.hostHeader = hostHeader(cfg.HostHeader, local)
 	if cfg.InspectAddr != "" {
 		a.inspect = newInspector(a)

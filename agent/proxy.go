@@ -246,7 +246,7 @@ func (w *exchangeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 func (a *Agent) newProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite:        a.rewrite,
-		ModifyResponse: checkStatus,
+		ModifyResponse: a.modifyResponse,
 		Transport:      upstreamTransport{a},
 		BufferPool:     mux.BufferPool{},
 		ErrorHandler:   a.proxyError,
@@ -274,6 +274,7 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	mux.PassTrailers(pr.Out, pr.In)
+	a.headers.request(pr.Out.Header)
 	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
 		// The transport sends a request again on a new connection when
 		// nothing of it was written (a pooled connection found closed, or
@@ -303,12 +304,13 @@ var errBodyGone = errors.New("agent: the request body was partly sent; it cannot
 // errBadStatus: the local service's status line names no HTTP status.
 var errBadStatus = errors.New("agent: the local service's status code is not one of HTTP's")
 
-// checkStatus refuses a status net/http reads (any three digits) but no
-// response can carry on.
-func checkStatus(resp *http.Response) error {
+// modifyResponse refuses a status net/http reads (any three digits) but no
+// response can carry on, and applies the response header rules.
+func (a *Agent) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
 	}
+	a.headers.response(resp.Header)
 	return nil
 }
 

@@ -32,7 +32,10 @@ import (
 // never waits for, or exits on, a CA or DNS failure. Failed attempts back
 // off (retryBook), across restarts too. With OnDemand, a certificate per
 // allowed hostname is issued at its first handshake (DNS-01 if a provider
-// is set, else HTTP-01 and TLS-ALPN-01 on the edge's own listeners).
+// is set, else HTTP-01 and TLS-ALPN-01 on the edge's own listeners). A
+// hostname of an agent's own, outside DOMAIN, is always issued at its first
+// handshake, and over HTTP-01 and TLS-ALPN-01 even with a DNS provider,
+// which can prove the edge's zone only.
 //
 // certmagic retries on its own schedule (minutes, fixed, not persisted);
 // every attempt it starts passes admit (the cert_obtaining event), which
@@ -56,8 +59,13 @@ type certmagicMode struct {
 	cache  *certmagic.Cache
 	magic  atomic.Pointer[certmagic.Config]
 	issuer atomic.Pointer[certmagic.ACMEIssuer]
-	stop   context.CancelFunc
-	wg     sync.WaitGroup
+	// own obtains the certificates of agents' own hostnames (outside
+	// DOMAIN), on demand; with a DNS provider it has an issuer of its own
+	// (ownIssuer), else it is magic.
+	own       atomic.Pointer[certmagic.Config]
+	ownIssuer atomic.Pointer[certmagic.ACMEIssuer]
+	stop      context.CancelFunc
+	wg        sync.WaitGroup
 
 	mu   sync.Mutex
 	seen map[string]bool // SNI names served, for notAfter
@@ -128,7 +136,7 @@ func (c *certmagicMode) start(ctx context.Context) error {
 	c.book = newRetryBook(filepath.Join(c.cfg.DataDir, RetryFile), c.cfg.RetryBase, c.cfg.RetryMax, settingsDigest(c.cfg), c.log)
 	c.book.load(time.Now())
 	c.cache = certmagic.NewCache(certmagic.CacheOptions{
-		GetConfigForCert:   func(certmagic.Certificate) (*certmagic.Config, error) { return c.magic.Load(), nil },
+		GetConfigForCert:   func(cert certmagic.Certificate) (*certmagic.Config, error) { return c.configFor(cert.Names...), nil },
 		RenewCheckInterval: c.checkInterval(),
 		Logger:             zl,
 	})
@@ -144,8 +152,28 @@ func (c *certmagicMode) start(ctx context.Context) error {
 	if c.cfg.OnDemand {
 		magic.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: c.decide}
 	}
+	own := magic
+	if c.dns != nil {
+		// DNS-01 proves the edge's own zone only. The hostnames agents
+		// bind of their own (a CNAME to the edge) are proven on the edge's
+		// listeners, HTTP-01 and TLS-ALPN-01, each at its first handshake.
+		own = certmagic.New(c.cache, certmagic.Config{
+			Storage: magic.Storage,
+			Logger:  zl,
+			OCSP:    magic.OCSP,
+			OnEvent: c.onEvent,
+		})
+		otmpl := tmpl
+		otmpl.DNS01Solver = nil
+		c.challengeListeners(&otmpl)
+		oiss := certmagic.NewACMEIssuer(own, otmpl)
+		own.Issuers = []certmagic.Issuer{oneShotIssuer{oiss}}
+		own.OnDemand = &certmagic.OnDemandConfig{DecisionFunc: c.decide}
+		c.ownIssuer.Store(oiss)
+	}
 	c.issuer.Store(issuer)
 	c.magic.Store(magic)
+	c.own.Store(own)
 	for _, name := range c.names {
 		c.loadStored(ctx, magic, name)
 	}
@@ -494,8 +522,20 @@ func (c *certmagicMode) decide(ctx context.Context, name string) error {
 	return nil
 }
 
+// configFor is the config that manages a certificate for names: own when
+// one of them is outside DOMAIN.
+func (c *certmagicMode) configFor(names ...string) *certmagic.Config {
+	for _, n := range names {
+		n = strings.ToLower(strings.TrimSuffix(n, "."))
+		if n != "" && n != c.cfg.Domain && !strings.HasSuffix(n, "."+c.cfg.Domain) {
+			return c.own.Load()
+		}
+	}
+	return c.magic.Load()
+}
+
 func (c *certmagicMode) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
-	magic := c.magic.Load()
+	magic := c.configFor(hello.ServerName)
 	if magic == nil {
 		return nil, errNotStarted
 	}
@@ -584,8 +624,10 @@ func (c *certmagicMode) markSeen(name string) {
 
 func (c *certmagicMode) httpHandler(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if iss := c.issuer.Load(); iss != nil && iss.HandleHTTPChallenge(w, r) {
-			return
+		for _, p := range []*atomic.Pointer[certmagic.ACMEIssuer]{&c.issuer, &c.ownIssuer} {
+			if iss := p.Load(); iss != nil && iss.HandleHTTPChallenge(w, r) {
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -221,10 +221,16 @@ func TestCertmagicOnDemand(t *testing.T) {
 	}
 }
 
-// TestOnDemandRateLimit: past the limit, an allowed hostname is refused.
+// TestOnDemandRateLimit: past the limit, an allowed hostname is refused;
+// a name the policy refuses (no tunnel bound to it) is refused first.
 func TestOnDemandRateLimit(t *testing.T) {
 	cfg := Config{Mode: ModeCertmagic, Domain: testDomain, OnDemand: true, OnDemandRateLimit: 1, OnDemandRateWindow: time.Hour}
-	m, err := New(cfg, nil, nil)
+	m, err := New(cfg, nil, func(_ context.Context, host string) error {
+		if strings.HasSuffix(host, "."+testDomain) {
+			return nil
+		}
+		return errors.New("no tunnel is bound to " + host)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +244,7 @@ func TestOnDemandRateLimit(t *testing.T) {
 		t.Fatalf("second: %v, want ErrRateLimited", err)
 	}
 	if err := c.decide(ctx, "a.other.example"); !errors.Is(err, ErrHostNotAllowed) {
-		t.Fatalf("outside domain: %v, want ErrHostNotAllowed", err)
+		t.Fatalf("a name nothing is bound to: %v, want ErrHostNotAllowed", err)
 	}
 }
 

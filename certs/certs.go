@@ -62,8 +62,13 @@ type Config struct {
 	// under DataDir/certmagic, autocert's cache under DataDir/autocert);
 	// empty means ".".
 	DataDir string
-	// CertFile and KeyFile are the PEM files of files mode.
-	CertFile, KeyFile string
+	// CertFiles and KeyFiles are the PEM files of files mode, pair by pair
+	// (--tls-cert and --tls-key, repeated in the same order): the edge's
+	// own pair for DOMAIN and *.DOMAIN, and pairs for the hostnames agents
+	// bind of their own. A handshake gets the first pair whose certificate
+	// covers its server name, as crypto/tls chooses among Certificates; the
+	// first pair when none does.
+	CertFiles, KeyFiles []string
 	// ReloadInterval is how often files mode checks its files for change;
 	// zero means 10s, negative disables polling (SIGHUP still reloads).
 	ReloadInterval time.Duration
@@ -213,10 +218,13 @@ func (m *Manager) newProvider() (provider, error) {
 	}
 	switch c.Mode {
 	case ModeSelfSigned:
-		return &selfSigned{cfg: c, log: m.log}, nil
+		return &selfSigned{cfg: c, log: m.log, allow: m.allowHost}, nil
 	case ModeFiles:
-		if c.CertFile == "" || c.KeyFile == "" {
+		if len(c.CertFiles) == 0 || len(c.KeyFiles) == 0 {
 			return nil, fmt.Errorf("tls-mode files: tls-cert and tls-key are both required")
+		}
+		if len(c.CertFiles) != len(c.KeyFiles) {
+			return nil, fmt.Errorf("tls-mode files: %d tls-cert but %d tls-key: give them in pairs", len(c.CertFiles), len(c.KeyFiles))
 		}
 		return &files{cfg: c, log: m.log}, nil
 	case ModeCertmagic:
@@ -228,15 +236,15 @@ func (m *Manager) newProvider() (provider, error) {
 }
 
 // allowHost is the policy of the modes that issue at a handshake: DOMAIN
-// itself, and any other name under DOMAIN that the HostPolicy allows now.
+// itself, and any other name the HostPolicy allows now (a name under
+// DOMAIN, or an agent's own hostname, bound in the registry).
 func (m *Manager) allowHost(ctx context.Context, host string) error {
 	host = hostOnly(host)
 	if host == m.cfg.Domain {
 		return nil
 	}
-	if !strings.HasSuffix(host, "."+m.cfg.Domain) {
-		return fmt.Errorf("%w: %s is not under %s", ErrHostNotAllowed, host, m.cfg.Domain)
-	}
+	// A name under the domain, or an agent's own hostname: the edge's
+	// policy asks the registry whether a tunnel is bound to it.
 	if err := m.policy(ctx, host); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrHostNotAllowed, host, err)
 	}
@@ -297,7 +305,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // TLS-ALPN-01 challenges.
 func (m *Manager) TLSConfig() *tls.Config {
 	protos := []string{"h2", "http/1.1"}
-	if m.cfg.Mode == ModeAutocert || (m.cfg.Mode == ModeCertmagic && m.cfg.DNSProvider == "") {
+	if m.cfg.Mode == ModeAutocert || m.cfg.Mode == ModeCertmagic {
 		protos = append(protos, acmeTLS1)
 	}
 	return &tls.Config{

@@ -31,7 +31,7 @@ func TestNewValidation(t *testing.T) {
 	}{
 		"unknown mode":      {cfg: Config{Mode: "magic", Domain: "d.test"}, is: ErrUnknownMode, mention: []string{"magic", "certmagic"}},
 		"no domain":         {cfg: Config{Mode: ModeSelfSigned}, mention: []string{"domain"}},
-		"files without key": {cfg: Config{Mode: ModeFiles, Domain: "d.test", CertFile: "c.pem"}, mention: []string{"tls-mode files", "tls-key"}},
+		"files without key": {cfg: Config{Mode: ModeFiles, Domain: "d.test", CertFiles: []string{"c.pem"}}, mention: []string{"tls-mode files", "tls-key"}},
 		"certmagic without dns or on-demand": {
 			cfg: Config{Mode: ModeCertmagic, Domain: "d.test"}, mention: []string{"tls-mode certmagic", "dns-provider", "on-demand", "cloudflare"},
 		},

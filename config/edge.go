@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -24,8 +25,8 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.String("admin-addr", d.AdminAddr, "admin API listener: /healthz, /metrics, /api/tunnels (empty disables)")
 	fs.String("admin-token", "", "bearer token the admin API requires except on /healthz (required when admin-addr is not loopback; NGSTONE_ADMIN_TOKEN_FILE reads it from a file)")
 	fs.String("tls-mode", d.TLS.Mode, "certificates: "+strings.Join(certs.Modes, ", "))
-	fs.String("tls-cert", "", "certificate PEM file (tls-mode files)")
-	fs.String("tls-key", "", "private key PEM file (tls-mode files)")
+	fs.StringArray("tls-cert", nil, "certificate PEM file (tls-mode files; repeat with tls-key for more pairs, e.g. for agents' own hostnames: each handshake gets the pair covering its name)")
+	fs.StringArray("tls-key", nil, "private key PEM file of the tls-cert at the same position (tls-mode files)")
 	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem), ACME state, and the registry (registry.db) of an edge that runs alone")
 	fs.StringArray("token", nil, "agent token to accept (repeatable; none means any agent may connect)")
 	fs.String("tokens-file", "", "YAML file of agent tokens")
@@ -52,6 +53,8 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Int("max-streams-per-session", d.MaxStreamsPerSession, "concurrent visitor requests per agent session; more get 503 (0 = no limit)")
 	fs.Int("max-conns", d.MaxConns, "concurrent visitor connections in total (0 = no limit)")
 	fs.Int("max-conns-per-ip", d.MaxConnsPerIP, "concurrent visitor connections per client address (0 = no limit)")
+	fs.Bool("proxy-protocol", false, "read a PROXY protocol header (v1 or v2) on the visitor listeners from the sources in proxy-protocol-from")
+	fs.StringSlice("proxy-protocol-from", nil, "prefixes of the load balancers that send PROXY protocol (e.g. 10.0.0.0/8); others may not")
 	fs.Int("max-requests-per-ip", d.MaxRequestsPerIP, "concurrent requests of one visitor address to one tunnel; more get 429 visitor_limit (0 = no limit)")
 	fs.Int("max-agent-conns", d.MaxAgentConns, "concurrent agent connections to control-addr in total, counted before TLS (0 = no limit)")
 	fs.Int("max-agent-conns-per-ip", d.MaxAgentConnsPerIP, "concurrent agent connections per address (0 = no limit)")
@@ -86,8 +89,8 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	e.set(err)
 	cfg.AdminToken = adminToken
 	cfg.TLS.Mode = l.string("tls-mode")
-	cfg.TLS.CertFile = l.string("tls-cert")
-	cfg.TLS.KeyFile = l.string("tls-key")
+	cfg.TLS.CertFiles = l.wholeStrings("tls-cert")
+	cfg.TLS.KeyFiles = l.wholeStrings("tls-key")
 	cfg.TLS.DataDir = l.string("data-dir")
 	cfg.TLS.ACMECA = l.string("acme-ca")
 	cfg.TLS.ACMEEmail = l.string("acme-email")
@@ -114,6 +117,15 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.MaxStreamsPerSession = e.integer(l, "max-streams-per-session")
 	cfg.MaxConns = e.integer(l, "max-conns")
 	cfg.MaxConnsPerIP = e.integer(l, "max-conns-per-ip")
+	cfg.ProxyProtocol = e.boolean(l, "proxy-protocol")
+	for _, p := range l.strings("proxy-protocol-from") {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			e.set(fmt.Errorf("proxy-protocol-from %q: want a prefix such as 10.0.0.0/8", p))
+			continue
+		}
+		cfg.ProxyProtocolFrom = append(cfg.ProxyProtocolFrom, pfx.Masked())
+	}
 	cfg.MaxRequestsPerIP = e.integer(l, "max-requests-per-ip")
 	cfg.MaxAgentConns = e.integer(l, "max-agent-conns")
 	cfg.MaxAgentConnsPerIP = e.integer(l, "max-agent-conns-per-ip")

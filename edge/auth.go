@@ -23,6 +23,10 @@ type TokenPolicy struct {
 	// Subdomains are the names the token may bind: exact names or
 	// path.Match patterns such as "team-*". Empty means any name.
 	Subdomains []string `yaml:"subdomains"`
+	// Hostnames are the hostnames of their own, outside the edge's domain,
+	// the token may bind (--hostname): exact names or path.Match patterns
+	// such as "*.example.org" ('*' spans dots too). Empty means none.
+	Hostnames []string `yaml:"hostnames"`
 	// MaxSessions bounds the token's concurrent agent sessions (sessions of
 	// a reconnecting instance do not count against it). Zero means no limit.
 	MaxSessions int `yaml:"max_sessions"`
@@ -43,6 +47,17 @@ func (p *TokenPolicy) allows(name string) bool {
 	return false
 }
 
+// allowsHostname reports whether the token may bind host, a hostname of
+// the agent's own.
+func (p *TokenPolicy) allowsHostname(host string) bool {
+	for _, pat := range p.Hostnames {
+		if ok, _ := path.Match(strings.ToLower(pat), host); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Validate checks one policy; i is its position, for the message.
 func (p *TokenPolicy) Validate(i int) error {
 	if strings.TrimSpace(p.Token) == "" {
@@ -51,6 +66,11 @@ func (p *TokenPolicy) Validate(i int) error {
 	for _, pat := range p.Subdomains {
 		if _, err := path.Match(pat, "x"); err != nil {
 			return fmt.Errorf("tokens-file entry %d: subdomain pattern %q: %v", i+1, pat, err)
+		}
+	}
+	for _, pat := range p.Hostnames {
+		if _, err := path.Match(pat, "x"); err != nil || !strings.Contains(pat, ".") {
+			return fmt.Errorf("tokens-file entry %d: hostname pattern %q: want a name such as app.example.org or *.example.org", i+1, pat)
 		}
 	}
 	if p.MaxSessions < 0 || p.MaxBindings < 0 {

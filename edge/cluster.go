@@ -408,6 +408,11 @@ func (e *Edge) clusterHandler() http.Handler {
 			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
 			return
 		}
+		if ip, ok := visitorIP(r, true); !ok || !s.allows(host, ip) {
+			e.metrics.limited(limitIPDenied)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, host)
+			return
+		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
 		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, e.clusterProxy)

@@ -531,3 +531,116 @@ func TestClusterTokenSessionLimit(t *testing.T) {
 		t.Fatalf("the first agent reconnecting through edge b: %v", m)
 	}
 }
+
+// TestOwnHostnameRules: the binding rules hold for a hostname of an
+// agent's own as for a subdomain, on one edge and across two edges of a
+// cluster (the agents on the second): another instance is refused while
+// the holder is live, the same instance takes the name over at once with
+// a higher generation, the evicted session's release deletes nothing of
+// the new holder's (compare-and-delete), and a graceful stop releases it.
+// Visitors reach it by its own Host on either edge.
+func TestOwnHostnameRules(t *testing.T) {
+	const host = "app.example.test"
+	pol := func(cfg *edge.Config) {
+		cfg.TokenPolicies = []edge.TokenPolicy{{Token: "t", Hostnames: []string{"*.example.test"}}}
+	}
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one edge", true: "two edges"}[cluster], func(t *testing.T) {
+			var a, b *tunneltest.Edge
+			if cluster {
+				c := newTestCluster(t)
+				a, b = c.start("a", nil, pol).Edge, c.start("b", nil, pol).Edge
+			} else {
+				cfg := tunneltest.EdgeConfig(t)
+				pol(&cfg)
+				a = tunneltest.StartEdge(t, cfg)
+				b = a
+			}
+			backend := tunneltest.StartBackend(t)
+			run := func(e *tunneltest.Edge, instance string) *tunneltest.Agent {
+				ac := e.AgentConfig("", backend.Addr())
+				ac.Token, ac.Hostname, ac.InstanceID = "t", host, instance
+				return tunneltest.StartAgent(t, ac)
+			}
+			visit := func(e *tunneltest.Edge, scheme ...string) (int, string) {
+				url := "https://" + host + "/hello"
+				if len(scheme) > 0 {
+					url = scheme[0] + "://" + host + "/hello"
+				}
+				resp, err := e.Client().Get(url)
+				if err != nil {
+					t.Fatalf("GET %s: %v", url, err)
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(body)
+			}
+			holder := func() edge.Tunnel {
+				ts, err := a.Tunnels(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, tn := range ts {
+					if tn.Hostname == host {
+						return tn
+					}
+				}
+				return edge.Tunnel{}
+			}
+
+			first := run(a, instX)
+			s1 := first.WaitOnline(t)
+			for _, e := range []*tunneltest.Edge{a, b} {
+				if code, body := visit(e); code != http.StatusOK || body != "hello" {
+					t.Fatalf("visit through %s = %d %q, want the backend's hello", e.Addr("https"), code, body)
+				}
+			}
+
+			other := run(b, instY)
+			var re *agent.RefusedError
+			if err := other.Err(); !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken || !strings.Contains(re.Message, "--hostname") {
+				t.Fatalf("another instance: %v; want %s naming --hostname", err, mux.CodeSubdomainTaken)
+			}
+
+			second := run(b, instX)
+			s2 := second.WaitOnline(t)
+			if s2.Generation <= s1.Generation {
+				t.Fatalf("takeover at generation %d, after %d: want higher", s2.Generation, s1.Generation)
+			}
+			if err := first.Err(); !errors.Is(err, agent.ErrEvicted) {
+				t.Fatalf("the first session after the takeover: %v, want evicted", err)
+			}
+			// The first session has ended and released what it held: the
+			// name is still the second's.
+			tunneltest.Eventually(t, 5*time.Second, "the holder to be the second session on "+a.Addr("https").String(), func() bool {
+				h := holder()
+				return h.SessionID == s2.SessionID && h.Generation == s2.Generation && h.Online
+			})
+			if code, body := visit(a); code != http.StatusOK || body != "hello" {
+				t.Fatalf("visit after the takeover = %d %q", code, body)
+			}
+
+			if err := second.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			tunneltest.Eventually(t, 5*time.Second, "the name released", func() bool { return holder().Hostname == "" })
+			// Unbound, the name has no certificate (a handshake for it gets
+			// the edge's, which the client refuses) and plain HTTP says 404.
+			if _, err := e2eGet(a, "https://"+host+"/hello"); err == nil || !strings.Contains(err.Error(), "not "+host) {
+				t.Fatalf("HTTPS after release: %v, want the handshake refused by the client", err)
+			}
+			if code, _ := visit(a, "http"); code != http.StatusNotFound {
+				t.Fatalf("visit after release = %d, want 404", code)
+			}
+		})
+	}
+}
+
+func e2eGet(e *tunneltest.Edge, url string) (int, error) {
+	resp, err := e.Client().Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}

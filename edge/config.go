@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/ngstone/ngstone/certs"
@@ -51,6 +52,12 @@ type Config struct {
 	// MaxConnsPerIP per client address; connections past them are closed at
 	// once. Zero means no limit.
 	MaxConns, MaxConnsPerIP int
+	// ProxyProtocol reads a PROXY protocol header (v1 or v2) on the visitor
+	// listeners from the load balancers in ProxyProtocolFrom, whose address
+	// is then the visitor's (for X-Forwarded-For, limits and --allow-cidr);
+	// a connection from any other source that sends one is refused.
+	ProxyProtocol     bool
+	ProxyProtocolFrom []netip.Prefix
 	// MaxRequestsPerIP bounds one visitor address's requests in flight to
 	// one tunnel; past it visitors get 429 visitor_limit, so that one
 	// address cannot hold all of a session's streams. Zero means no limit.
@@ -192,6 +199,9 @@ func (c Config) Validate() error {
 	}
 	if c.HeartbeatTimeout < 0 {
 		return fmt.Errorf("heartbeat-timeout %s: must not be negative", c.HeartbeatTimeout)
+	}
+	if c.ProxyProtocol && len(c.ProxyProtocolFrom) == 0 {
+		return errors.New("proxy-protocol: name the load balancers it comes from with proxy-protocol-from (e.g. 10.0.0.0/8)")
 	}
 	if c.RegistryFile != "" && (c.Cluster != nil || c.Store != nil) {
 		return errors.New("a registry file is for an edge that runs alone, on its own store")

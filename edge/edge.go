@@ -20,10 +20,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 
 	"github.com/ngstone/ngstone/certs"
 	"github.com/ngstone/ngstone/mux"
@@ -192,18 +195,39 @@ func (e *Edge) serve(ctx context.Context) {
 	go e.reap(ctx)
 }
 
-// limitVisitors bounds concurrent visitor connections (MaxConns, MaxConnsPerIP).
+// limitVisitors bounds concurrent visitor connections (MaxConns,
+// MaxConnsPerIP), by the visitor's address: behind a load balancer that
+// speaks PROXY protocol (ProxyProtocol), the one its header gives.
 func (e *Edge) limitVisitors(ln net.Listener) net.Listener {
-	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, func(addr string) {
+	if e.cfg.ProxyProtocol {
+		ln = &proxyproto.Listener{Listener: ln, ConnPolicy: e.proxyPolicy, ReadHeaderTimeout: e.cfg.ReadHeaderTimeout}
+	}
+	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, e.cfg.ProxyProtocol, func(addr string) {
 		e.metrics.limited(limitVisitorConns)
 		e.log.Debug("visitor connection refused: connection limit", "remote", addr)
 	})
 }
 
+// proxyPolicy is PROXY protocol's rule: a trusted source (ProxyProtocolFrom)
+// must send the header, whose address is the visitor's; any other may not
+// send one (a connection that does is refused), and is the visitor itself.
+func (e *Edge) proxyPolicy(o proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) {
+	if ta, ok := o.Upstream.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(ta.IP); ok {
+			for _, p := range e.cfg.ProxyProtocolFrom {
+				if p.Contains(ip.Unmap()) {
+					return proxyproto.REQUIRE, nil
+				}
+			}
+		}
+	}
+	return proxyproto.REJECT, nil
+}
+
 // limitAgents bounds concurrent control connections, before any TLS work
 // (MaxAgentConns, MaxAgentConnsPerIP).
 func (e *Edge) limitAgents(ln net.Listener) net.Listener {
-	return newLimitListener(ln, e.cfg.MaxAgentConns, e.cfg.MaxAgentConnsPerIP, func(addr string) {
+	return newLimitListener(ln, e.cfg.MaxAgentConns, e.cfg.MaxAgentConnsPerIP, false, func(addr string) {
 		e.metrics.limited(limitAgentConns)
 		e.log.Debug("agent connection refused: connection limit", "remote", addr)
 	})

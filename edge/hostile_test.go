@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"testing"
@@ -469,5 +470,48 @@ func TestTakenNameSaysWhenItFrees(t *testing.T) {
 	silent, left := ds[0], ds[1]
 	if silent < 2*time.Second || left <= 0 || silent+left < 5900*time.Millisecond || silent+left > 6100*time.Millisecond {
 		t.Errorf("silent %s and frees in %s, for a 6s heartbeat timeout: %q", silent, left, msg)
+	}
+}
+
+// TestEarlyAnswerWhileUploading: the local service answers before it has
+// read the visitor's body, while the edge's writer of the stream is still
+// waiting for more of it; the exchange ends with the answer and the writer
+// is stopped without touching the finished response (an HTTP/2 response
+// writer that is used after its handler returned crashes the edge).
+func TestEarlyAnswerWhileUploading(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex() // answer now, whatever the body
+		w.Header().Set("Content-Length", "5")
+		io.WriteString(w, "hello")
+	}))
+	t.Cleanup(local.Close)
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "early"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	for _, h2 := range []bool{false, true} {
+		c := e.Client()
+		if !h2 {
+			c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+		}
+		for i := range 20 {
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", tunneltest.URL("https", "early", "/hello"), pr)
+			go pw.Write(make([]byte, 1000)) // then nothing, until the answer is in
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("h2 %v, round %d: %v", h2, i, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(body) != "hello" {
+				t.Fatalf("h2 %v, round %d: %d %q", h2, i, resp.StatusCode, body)
+			}
+			pw.CloseWithError(errors.New("the visitor gives up its upload"))
+		}
+		c.CloseIdleConnections()
+	}
+	if code, _ := visitorStatus(t, e.Client(), mustReq(tunneltest.URL("https", "early", "/hello"))); code != http.StatusOK {
+		t.Fatalf("the edge after the uploads: %d", code)
 	}
 }

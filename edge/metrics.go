@@ -74,6 +74,7 @@ const (
 	limitReadTimeout     = "read_timeout"     // ReadTimeout
 	limitAgentConns      = "agent_conns"      // MaxAgentConns, MaxAgentConnsPerIP
 	limitAuthBan         = "auth_ban"         // AuthFailureLimit
+	limitIPDenied        = "ip_denied"        // a binding's --allow-cidr, --deny-cidr
 )
 
 // limited counts a bound that was hit.
@@ -121,7 +122,7 @@ func newMetrics(e *Edge) *metrics {
 	}
 	m.limits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngstone_limits_total",
-		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban.",
+		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban, ip_denied.",
 	}, []string{"limit"})
 	m.acceptErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngstone_accept_errors_total",
@@ -362,7 +363,7 @@ var visitorCodes = map[string]bool{
 	mux.CodeBadHost: true, mux.CodeMisdirected: true, mux.CodeHeadersTooLarge: true,
 	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true, mux.CodeBadResponse: true,
 	mux.CodeBadRequest: true, mux.CodeMethodNotAllowed: true, mux.CodeVisitorLimit: true,
-	mux.CodeBasicAuthRequired: true,
+	mux.CodeBasicAuthRequired: true, mux.CodeIPDenied: true,
 }
 
 // instrument counts visitor requests, their duration and their bytes.

@@ -71,6 +71,11 @@ func (e *Edge) visitorHandler() http.Handler {
 				mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
 				return
 			}
+			if ip, ok := visitorIP(r, false); !ok || !rt.s.allows(host, ip) {
+				e.metrics.limited(limitIPDenied)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, host)
+				return
+			}
 		}
 		release, ok := e.slots.acquire(host, hostOf(r.RemoteAddr), e.cfg.MaxRequestsPerIP)
 		if !ok {
@@ -86,8 +91,10 @@ func (e *Edge) visitorHandler() http.Handler {
 // checkVisitor applies the edge's rules for what a visitor may send, before
 // anything is looked up: the Host must be a name under the domain (over
 // HTTPS, the one the connection was made for), and the request an origin
-// request of visible characters. It returns the normalized host, and a
-// visitor error code when the request is refused.
+// request of visible characters. Whether a tunnel is bound to the host (a
+// name under the domain, or a hostname of an agent's own) the registry
+// says next. It returns the normalized host, and a visitor error code when
+// the request is refused.
 func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 	host, err := NormalizeHost(r.Host)
 	switch {
@@ -104,9 +111,6 @@ func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 		// (RFC 9113, 8.3.1): net/http routes by :authority and never
 		// writes the field on, but the request is malformed.
 		return host, mux.CodeBadRequest
-	}
-	if _, ok := subdomainOf(host, e.cfg.Domain); !ok {
-		return host, mux.CodeTunnelNotFound
 	}
 	if r.TLS != nil && !strings.EqualFold(strings.TrimSuffix(r.TLS.ServerName, "."), host) {
 		// A connection made for one tunnel (or for none: no SNI) must not
@@ -144,7 +148,8 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 	// Let bodies stream both ways at once, as the local service may
 	// answer while the visitor is still uploading.
 	http.NewResponseController(w).EnableFullDuplex()
-	w, r = e.visitorTimeouts(w, r)
+	w, r, done := e.visitorTimeouts(w, r)
+	defer done()
 	proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
 }
 

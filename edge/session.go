@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,8 +47,9 @@ type session struct {
 	bindMu sync.Mutex
 
 	mu       sync.Mutex
-	bindings map[string]uint64 // hostname -> generation this session holds
-	fenced   map[string]uint64 // hostname -> highest generation taken from it
+	bindings map[string]uint64         // hostname -> generation this session holds
+	access   map[string]*visitorAccess // hostname -> who may visit it; nil: anyone
+	fenced   map[string]uint64         // hostname -> highest generation taken from it
 	draining bool
 
 	closeOnce sync.Once
@@ -235,7 +237,8 @@ func (s *session) register(ctx context.Context) error {
 		return err
 	}
 	s.hello.Store(true)
-	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead})
+	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -379,14 +382,26 @@ func (s *session) holds(hostname string, gen uint64) bool {
 // addBinding records that the session holds hostname at gen, unless gen
 // was fenced already: a later bind took the name over between the
 // registry's grant and this call.
-func (s *session) addBinding(hostname string, gen uint64) bool {
+func (s *session) addBinding(hostname string, gen uint64, access *visitorAccess) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if gen <= s.fenced[hostname] {
 		return false
 	}
 	s.bindings[hostname] = gen
+	if s.access == nil {
+		s.access = map[string]*visitorAccess{}
+	}
+	s.access[hostname] = access
 	return true
+}
+
+// allows reports whether a visitor at ip may reach hostname through s.
+func (s *session) allows(hostname string, ip netip.Addr) bool {
+	s.mu.Lock()
+	a := s.access[hostname]
+	s.mu.Unlock()
+	return a.allows(ip)
 }
 
 // fence takes hostname from the session up to generation gen: a binding at
@@ -399,6 +414,7 @@ func (s *session) fence(hostname string, gen uint64) (fresh bool, left int) {
 	defer s.mu.Unlock()
 	if g, ok := s.bindings[hostname]; ok && g <= gen {
 		delete(s.bindings, hostname)
+		delete(s.access, hostname)
 	}
 	fresh = gen > s.fenced[hostname]
 	if fresh {

@@ -21,8 +21,12 @@ import (
 // tunnel's requests at once, so one address cannot take all of a session's
 // streams.
 
-// visitorTimeouts wraps w and r's body with the progress timeouts.
-func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (http.ResponseWriter, *http.Request) {
+// visitorTimeouts wraps w and r's body with the progress timeouts. The
+// handler calls done when it returns: the request body may still be read
+// after that (the stream's writer goroutine sends what it has left when
+// the agent answered early), but the response writer is the server's no
+// more.
+func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, _ *http.Request, done func()) {
 	rc := http.NewResponseController(w)
 	vw := &visitorWriter{ResponseWriter: w, rc: rc, timeout: e.cfg.WriteTimeout, m: e.metrics}
 	if r.ProtoMajor == 1 {
@@ -30,9 +34,11 @@ func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (http.Res
 	}
 	vw.extend()
 	if e.cfg.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
-		r.Body = &visitorBody{ReadCloser: r.Body, rc: rc, timeout: e.cfg.ReadTimeout, m: e.metrics}
+		b := &visitorBody{ReadCloser: r.Body, rc: rc, timeout: e.cfg.ReadTimeout, m: e.metrics}
+		r.Body = b
+		return vw, r, b.handlerDone
 	}
-	return vw, r
+	return vw, r, func() {}
 }
 
 // visitorWriter moves the write deadline forward before each write, and
@@ -93,19 +99,37 @@ type visitorBody struct {
 	rc      *http.ResponseController
 	timeout time.Duration
 	m       *metrics
+
+	mu   sync.Mutex
+	done bool // the handler has returned: rc is not to be used
 }
 
 func (b *visitorBody) Read(p []byte) (int, error) {
-	b.rc.SetReadDeadline(time.Now().Add(b.timeout))
+	b.deadline(time.Now().Add(b.timeout))
 	n, err := b.ReadCloser.Read(p)
 	if err != nil {
-		b.rc.SetReadDeadline(time.Time{})
+		b.deadline(time.Time{})
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
 		b.m.limited(limitReadTimeout)
 		err = errors.Join(errVisitorRead, err)
 	}
 	return n, err
+}
+
+// deadline sets the connection's read deadline while the handler runs.
+func (b *visitorBody) deadline(t time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done {
+		b.rc.SetReadDeadline(t)
+	}
+}
+
+func (b *visitorBody) handlerDone() {
+	b.mu.Lock()
+	b.done = true
+	b.mu.Unlock()
 }
 
 // visitorSlots counts each visitor address's requests in flight per tunnel.

@@ -51,13 +51,34 @@ type HelloOK struct {
 	// agent, in bytes; zero means MaxResponseHead. The agent holds local
 	// services to it.
 	MaxResponseHead int64 `json:"max_response_head,omitempty"`
+	// Features lists what the edge does beyond protocol version 1's first
+	// release (FeatureHostname, FeatureVisitorCIDR): an agent that asks
+	// for one the edge does not list must not go on as if it were done.
+	Features []string `json:"features,omitempty"`
 }
 
-// Bind asks for a hostname. An empty Subdomain asks the edge for a random
-// unused one. Takeover is set on every bind after a reconnect.
+// Features an edge lists in hello_ok.
+const (
+	// FeatureHostname: bind takes a Hostname of the agent's own.
+	FeatureHostname = "hostname"
+	// FeatureVisitorCIDR: bind takes AllowCIDR and DenyCIDR, and the
+	// edge refuses other visitors (403 ip_denied).
+	FeatureVisitorCIDR = "visitor-cidr"
+)
+
+// Bind asks for a hostname: a Subdomain of the edge's domain, or a whole
+// Hostname of the agent's own (FeatureHostname), which the token must
+// allow. Neither asks the edge for a random unused subdomain. Takeover is
+// set on every bind after a reconnect. AllowCIDR and DenyCIDR (prefixes
+// such as 192.0.2.0/24 or 2001:db8::/32) restrict the visitors the edge lets
+// reach the tunnel (FeatureVisitorCIDR): an address in a DenyCIDR prefix,
+// or outside every AllowCIDR prefix when there are any, gets 403 ip_denied.
 type Bind struct {
-	Subdomain string `json:"subdomain,omitempty"`
-	Takeover  bool   `json:"takeover,omitempty"`
+	Subdomain string   `json:"subdomain,omitempty"`
+	Hostname  string   `json:"hostname,omitempty"`
+	Takeover  bool     `json:"takeover,omitempty"`
+	AllowCIDR []string `json:"allow_cidr,omitempty"`
+	DenyCIDR  []string `json:"deny_cidr,omitempty"`
 }
 
 // BindOK grants a binding.
@@ -73,6 +94,7 @@ type BindOK struct {
 // BindError refuses a bind. It is final: the agent must not retry.
 type BindError struct {
 	Subdomain string `json:"subdomain,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
 	Code      string `json:"code"`
 	Message   string `json:"message"`
 }

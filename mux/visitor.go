@@ -32,6 +32,7 @@ const (
 	CodeBadResponse         = "bad_response"
 	CodeMethodNotAllowed    = "method_not_allowed"
 	CodeVisitorLimit        = "visitor_limit"
+	CodeIPDenied            = "ip_denied"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -56,6 +57,7 @@ var visitorErrors = map[string]struct {
 	CodeBadRequest:          {http.StatusBadRequest, "the request for %s is malformed"},
 	CodeMethodNotAllowed:    {http.StatusMethodNotAllowed, "%s does not take this method through the tunnel"},
 	CodeVisitorLimit:        {http.StatusTooManyRequests, "this address has too many requests in flight to %s; retry shortly"},
+	CodeIPDenied:            {http.StatusForbidden, "%s lets in only the visitor addresses its agent allows, and not this one"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
 )
 
 // Bolt is the store of a single edge that outlives its process: the
@@ -77,7 +78,7 @@ func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	switch {
-	case errors.Is(err, bolt.ErrTimeout):
+	case errors.Is(err, berrors.ErrTimeout):
 		return nil, fmt.Errorf("registry %s: another process (an edge on the same --data-dir?) holds it", path)
 	case err != nil:
 		return nil, fmt.Errorf("registry %s: %w: %v (move it away to start with an empty registry)", path, ErrNotRegistry, err)

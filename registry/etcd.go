@@ -281,7 +281,12 @@ func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 	}
 	s.setOpen(sess.ID, true)
 	key := s.sessionKey(s.cfg.Node, sess.ID)
-	_, err = s.idempotent(ctx, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
+	// Retried, not hedged: a hedge answered after CloseSession's delete
+	// would bring a closed session back to life (until reconcile).
+	err = s.retry(ctx, func(ctx context.Context) error {
+		_, err := s.cli.Put(ctx, key, string(val), clientv3.WithLease(lease))
+		return err
+	})
 	if err != nil {
 		// A put that etcd applies late is removed by reconcile.
 		s.setOpen(sess.ID, false)

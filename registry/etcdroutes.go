@@ -473,17 +473,20 @@ func (s *Etcd) confirmLoop(ctx context.Context) {
 var errBehind = errors.New("registry: the watch is behind etcd")
 
 // confirm reads the current revision and waits for the watch to deliver
-// it; the cache is then current as of the read's start. silent reports a
-// watch that said nothing at all when asked for its progress.
+// it; the cache is then current as of the read's start. The watch is asked
+// for its progress at once too, so that a watch that says nothing at all
+// (silent) is found a call timeout into the round, however long the read
+// took.
 func (s *Etcd) confirm(ctx context.Context) (silent bool, err error) {
 	start := time.Now()
+	s.requestProgress()
 	rctx, cancel := context.WithTimeout(ctx, s.staleness/2)
 	defer cancel()
 	resp, err := s.get(rctx, s.nodeKey(s.cfg.Node), clientv3.WithCountOnly())
 	if err != nil {
-		return false, err
+		return s.silentSince(start), err
 	}
-	if silent, err := s.awaitWatched(ctx, resp.Header.Revision); err != nil {
+	if silent, err := s.awaitWatched(ctx, resp.Header.Revision, start); err != nil {
 		return silent, err
 	}
 	s.mu.Lock()
@@ -497,35 +500,52 @@ func (s *Etcd) confirm(ctx context.Context) (silent bool, err error) {
 	return false, nil
 }
 
-// awaitWatched waits up to CallTimeout for the watch to deliver rev,
-// asking it for a progress notification.
-func (s *Etcd) awaitWatched(ctx context.Context, rev int64) (silent bool, err error) {
-	asked := time.Now()
-	deadline := time.NewTimer(s.callTimeout)
+// awaitWatched waits for the watch to deliver rev, asking it for a
+// progress notification again, until a call timeout after asked (the
+// round's first request) and at least half of one from now.
+func (s *Etcd) awaitWatched(ctx context.Context, rev int64, asked time.Time) (silent bool, err error) {
+	deadline := time.NewTimer(max(time.Until(asked.Add(s.callTimeout)), s.callTimeout/2))
 	defer deadline.Stop()
 	for requested := false; ; requested = true {
 		s.mu.Lock()
-		got, wake, wctx := s.fresh.watchedRev, s.fresh.progressed, s.fresh.watchCtx
+		got, wake := s.fresh.watchedRev, s.fresh.progressed
 		s.mu.Unlock()
 		if got >= rev {
 			return false, nil
 		}
-		if !requested && wctx != nil {
-			pctx, cancel := context.WithTimeout(wctx, s.callTimeout)
-			s.cli.RequestProgress(pctx)
-			cancel()
+		if !requested {
+			s.requestProgress()
 		}
 		select {
 		case <-wake:
 		case <-ctx.Done():
 			return false, ctx.Err()
 		case <-deadline.C:
-			s.mu.Lock()
-			silent = s.fresh.watchSeen.Before(asked)
-			s.mu.Unlock()
+			silent = s.silentSince(asked)
 			return silent, fmt.Errorf("%w: revision %d not delivered (at %d, silent %v)", errBehind, rev, got, silent)
 		}
 	}
+}
+
+// requestProgress asks the current watch for a progress notification.
+func (s *Etcd) requestProgress() {
+	s.mu.Lock()
+	wctx := s.fresh.watchCtx
+	s.mu.Unlock()
+	if wctx == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(wctx, s.callTimeout)
+	defer cancel()
+	s.cli.RequestProgress(pctx)
+}
+
+// silentSince reports a watch that has said nothing since asked, though
+// asked then for its progress, for a call timeout.
+func (s *Etcd) silentSince(asked time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(asked) >= s.callTimeout && s.fresh.watchSeen.Before(asked)
 }
 
 func (s *Etcd) confirmLocked(at time.Time) {

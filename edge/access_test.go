@@ -100,6 +100,7 @@ func TestVisitorCIDR(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.ProxyProtocol = true
 	cfg.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
+	cfg.ReadHeaderTimeout = time.Minute // far past the visitors' 10 s
 	e := tunneltest.StartEdge(t, cfg)
 	b := tunneltest.StartBackend(t)
 	ac := e.AgentConfig("", b.Addr())
@@ -128,6 +129,16 @@ func TestVisitorCIDR(t *testing.T) {
 		{src: "127.0.0.4", proxy: "", want: 0},                      // trusted, but no header
 		{src: "127.0.0.3", proxy: "127.0.0.2", version: 1, want: 0}, // untrusted header
 		{src: "127.0.0.5", proxy: "127.0.0.2", version: 2, want: 0},
+	}
+	// A load balancer's connection that has not sent its header yet holds
+	// up nobody: the header is read on the connection's own goroutine.
+	for _, l := range []string{"http", "https"} {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP("127.0.0.4")}}
+		silent, err := d.Dial("tcp", e.Addr(l).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer silent.Close()
 	}
 	denied := 0.0
 	diff, _ := delta(t, e, func() {

@@ -81,7 +81,7 @@ func groupEdgeFlags(fs *pflag.FlagSet) {
 		"auth-failure-limit", "auth-failure-window")
 	group(fs, "Cluster", "cluster-etcd", "cluster-etcd-ca", "cluster-etcd-cert", "cluster-etcd-key",
 		"cluster-etcd-username", "cluster-etcd-password", "cluster-prefix", "node-name", "cluster-addr",
-		"cluster-advertise", "cluster-key", "cluster-lease-ttl")
+		"cluster-advertise", "cluster-key", "cluster-lease-ttl", "cluster-route-staleness")
 	group(fs, "Limits", "max-streams-per-session", "max-conns", "max-conns-per-ip", "max-requests-per-ip",
 		"max-agent-conns", "max-agent-conns-per-ip", "write-timeout", "read-timeout", "max-response-head",
 		"max-request-body")

@@ -77,7 +77,7 @@ func TestEdgeHelpGrouped(t *testing.T) {
 	})
 	general["help"] = true
 	gen := out[strings.Index(out, "\nFlags:\n"):strings.Index(out, "\nVisitors flags:\n")]
-	for _, l := range regexp.MustCompile(`--([a-z-]+)`).FindAllStringSubmatch(gen, -1) {
+	for _, l := range regexp.MustCompile(`(?m)^\s+(?:-\w, )?--([a-z-]+)`).FindAllStringSubmatch(gen, -1) {
 		if !general[l[1]] {
 			t.Errorf("--%s among the general flags", l[1])
 		}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 	"sync"
@@ -123,6 +124,8 @@ type Etcd struct {
 	nodes  map[string]string
 	fresh  freshness
 
+	members members // where the lease's keep-alive lanes go (renew)
+
 	flight  singleflight.Group // one read per hostname at a time
 	rereads chan struct{}      // bounds the hostnames read at once
 	restart chan struct{}      // asks the watch for a new stream
@@ -180,6 +183,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{},
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
 		rereads: make(chan struct{}, maxRereads), restart: make(chan struct{}, 1),
+		members: members{turn: rand.IntN(max(len(cfg.Endpoints), 1))}, // edges do not all start on one member
 	}
 }
 
@@ -229,6 +233,7 @@ func (s *Etcd) Close() error {
 			s.stop()
 		}
 		s.wg.Wait()
+		s.closeMembers()
 		s.revoke()
 		if s.cli != nil {
 			s.cli.Close()

@@ -262,6 +262,38 @@ func TestEtcdLeaseLost(t *testing.T) {
 	})
 }
 
+// TestEtcdLeaseOnHungMembers: two of the three paths a node has to etcd
+// hang (open, silent) for one and a half times as long as its lease may go
+// unrenewed: its renewals go out on a lane to a member that answers, and
+// it keeps its lease throughout. The three paths lead to one etcd server,
+// so that the hang is of the path alone. About 6 s.
+func TestEtcdLeaseOnHungMembers(t *testing.T) {
+	prefix := etcdtest.Prefix(t)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	var h hookLog
+	var cfg registry.EtcdConfig
+	a := startNode(t, eps, prefix, "a", h.hooks(), func(c *registry.EtcdConfig) { cfg = *c })
+	for _, p := range paths[:2] {
+		p.Block()
+	}
+	t.Cleanup(func() {
+		for _, p := range paths {
+			p.Unblock() // before the node closes, so that it revokes its lease
+		}
+	})
+	hang := 3 * (2 * cfg.LeaseTTL / 3) / 2
+	for start := time.Now(); time.Since(start) < hang; time.Sleep(10 * time.Millisecond) {
+		if lost := h.count(func(h *hookLog) int { return h.lost }); lost != 0 || !a.Ready() {
+			t.Fatalf("%v into the hang of two paths of three: lease lost %d times, ready %v", time.Since(start).Round(time.Millisecond), lost, a.Ready())
+		}
+	}
+}
+
 // TestEtcdSixteenNodesRace: sixteen edges, each with another instance,
 // bind one hostname at once: exactly one creates it. Another may win after
 // it only by rule 2, from a holder whose edge had lost its lease (which a

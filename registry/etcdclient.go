@@ -29,12 +29,11 @@ import (
 // timeout), nor put a deadline on a call. So every call here has one
 // (CallTimeout), reads are hedged (hedged), calls that are safe to repeat
 // are repeated (retry), a transaction whose answer was lost is read back,
-// not resent, and the lease is renewed on one more stream (placed by the
-// client on another member, usually) as soon as no stream has answered
-// within CallTimeout (renew). etcd's own KeepAlive, and concurrency.Session
-// on it, renew on one stream, which a hung member stalls until gRPC's
-// keepalive gives up on the connection: longer than two thirds of the
-// default TTL.
+// not resent, and the lease is renewed on one more stream, on another
+// member, as soon as no stream has answered within CallTimeout (renew).
+// etcd's own KeepAlive, and concurrency.Session on it, renew on one
+// stream, which a hung member stalls until gRPC's keepalive gives up on
+// the connection: longer than two thirds of the default TTL.
 
 const (
 	// dialTimeout bounds the first authentication of a client.
@@ -379,14 +378,13 @@ var errNotRenewed = errors.New("registry: no lease renewal answered for two thir
 
 // renew renews lease every fifth of the TTL on a keep-alive stream. When
 // no stream has answered within CallTimeout, one more is opened (up to
-// maxLanes) and every renewal goes out on each: the client places a new
-// stream on a member of its choice, so a member that hangs stalls one
-// stream and another answers. A slow stream is kept, since its late
-// answers still count, until it fails or its oldest request is as old as
-// the lease may go unrenewed. renew returns when the lease is lost
-// (errNotRenewed) or gone (rpctypes.ErrLeaseNotFound), or ctx ends.
-// *okSent is when the last answered renewal was sent: the lease lives at
-// least LeaseTTL from then.
+// maxLanes) on a member that carries none of them, and every renewal goes
+// out on each: a member that hangs stalls one stream and another answers.
+// A slow stream is kept, since its late answers still count, until it
+// fails or its oldest request is as old as the lease may go unrenewed.
+// renew returns when the lease is lost (errNotRenewed) or gone
+// (rpctypes.ErrLeaseNotFound), or ctx ends. *okSent is when the last
+// answered renewal was sent: the lease lives at least LeaseTTL from then.
 func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.Time) error {
 	lostAfter := 2 * s.cfg.LeaseTTL / 3
 	answers := make(chan answer)
@@ -458,12 +456,68 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 		lanes[0].close() // the oldest: the longest behind
 		lanes = lanes[1:]
 	}
-	return append(lanes, s.openLane(ctx, answers, wg)), true
+	return append(lanes, s.openLane(ctx, s.nextMember(lanes), answers, wg)), true
+}
+
+// members places the lease's keep-alive lanes: a connection to each
+// member alone (the client's Dial: its credentials, token and keepalive),
+// made when a lane first goes there, and whose turn is next. The client's
+// balanced connection cannot be told where a stream goes, and it placed
+// every new lane on the hung member that held the lanes before it, until
+// the lease was lost. Only the keep-alive loop uses it; Close closes the
+// connections.
+type members struct {
+	conns []*grpc.ClientConn
+	turn  int
+}
+
+// nextMember returns the member whose turn it is to carry a lane, passing
+// over those that carry one of lanes already (they are behind, or no lane
+// would be opened).
+func (s *Etcd) nextMember(lanes []*lane) int {
+	n := len(s.cfg.Endpoints)
+	for i := range n {
+		m := (s.members.turn + i) % n
+		if !slices.ContainsFunc(lanes, func(l *lane) bool { return l.member == m }) {
+			s.members.turn += i + 1
+			return m
+		}
+	}
+	m := s.members.turn % n
+	s.members.turn++
+	return m
+}
+
+// memberConn returns the connection to member m alone, made on first use
+// (no I/O: gRPC connects when a stream needs it).
+func (s *Etcd) memberConn(m int) (*grpc.ClientConn, error) {
+	if s.members.conns == nil {
+		s.members.conns = make([]*grpc.ClientConn, len(s.cfg.Endpoints))
+	}
+	if s.members.conns[m] == nil {
+		c, err := s.cli.Dial(s.cfg.Endpoints[m])
+		if err != nil {
+			return nil, fmt.Errorf("registry: connect to %s: %w", s.cfg.Endpoints[m], err)
+		}
+		s.members.conns[m] = c
+	}
+	return s.members.conns[m], nil
+}
+
+// closeMembers closes the lanes' connections, once the keep-alive loop
+// has ended.
+func (s *Etcd) closeMembers() {
+	for _, c := range s.members.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
 }
 
 // lane is one keep-alive stream and the send times of its unanswered
 // requests, oldest first (etcd answers a stream's requests in order).
 type lane struct {
+	member int // its index in EtcdConfig.Endpoints
 	st     pb.Lease_LeaseKeepAliveClient
 	cancel context.CancelFunc
 	sent   []time.Time
@@ -477,15 +531,21 @@ type answer struct {
 	err  error
 }
 
-// openLane opens a keep-alive stream; a lane that could not open is
-// failed at once, and replaced on the next turn.
-func (s *Etcd) openLane(ctx context.Context, answers chan<- answer, wg *sync.WaitGroup) *lane {
+// openLane opens a keep-alive stream on member m; a lane that could not
+// open is failed at once, and replaced on the next turn.
+func (s *Etcd) openLane(ctx context.Context, m int, answers chan<- answer, wg *sync.WaitGroup) *lane {
 	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	l := &lane{cancel: cancel}
+	l := &lane{member: m, cancel: cancel}
+	conn, err := s.memberConn(m)
+	if err != nil {
+		cancel()
+		l.failed = true
+		return l
+	}
 	// Opening may fetch an auth token, a call that a hung member would
-	// hold: bounded too.
+	// hold, and waits for the member's connection: bounded too.
 	opening := time.AfterFunc(s.callTimeout, cancel)
-	st, err := pb.NewLeaseClient(s.cli.ActiveConnection()).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
+	st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
 	if !opening.Stop() || err != nil {
 		cancel()
 		l.failed = true

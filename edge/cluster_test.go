@@ -356,6 +356,11 @@ func TestClusterStaleRoute(t *testing.T) {
 
 // TestClusterSixteenEdgesRace: sixteen edges, an agent of another instance
 // on each, all bind one name at once: one is online, fifteen are refused.
+// Not a test of timing: sixteen binds of one name on one etcd, under -race
+// on a loaded machine, take longer than the tests' 1 s agent dial bound (an
+// agent that gives up on its bind closes the session that won it, and
+// tries again), and sixteen edges' renewals longer than a 2 s lease
+// allows; so the agents may take 5 s, and the edges keep a 6 s lease.
 func TestClusterSixteenEdgesRace(t *testing.T) {
 	c := newTestCluster(t)
 	cli := etcdtest.Endpoints(t)
@@ -363,7 +368,9 @@ func TestClusterSixteenEdgesRace(t *testing.T) {
 	const n = 16
 	edges := make([]*clusterEdge, n)
 	for i := range edges {
-		edges[i] = c.start(fmt.Sprintf("edge-%d", i), cli, func(cfg *edge.Config) {
+		edges[i] = c.startWith(fmt.Sprintf("edge-%d", i), cli, func(ec *registry.EtcdConfig) {
+			ec.LeaseTTL, ec.CallTimeout = 6*time.Second, time.Second
+		}, func(cfg *edge.Config) {
 			cfg.HTTPAddr, cfg.HTTPSAddr, cfg.AdminAddr = "", "", ""
 		})
 	}
@@ -374,14 +381,14 @@ func TestClusterSixteenEdgesRace(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			ac := e.AgentConfig("", backend.Addr())
-			ac.Subdomain, ac.InstanceID = "race", fmt.Sprintf("%032x", i+1)
+			ac.Subdomain, ac.InstanceID, ac.DialTimeout = "race", fmt.Sprintf("%032x", i+1), 5*time.Second
 			agents[i] = tunneltest.StartAgent(t, ac)
 		}()
 	}
 	wg.Wait()
 	var online, refused int
 	for _, ag := range agents {
-		ag.WaitStatus(t, 10*time.Second, "online or refused", func(s agent.Status) bool {
+		ag.WaitStatus(t, 20*time.Second, "online or refused", func(s agent.Status) bool {
 			return s.State == agent.StateOnline || s.State == agent.StateFailed
 		})
 		var re *agent.RefusedError

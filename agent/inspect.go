@@ -40,6 +40,10 @@ type Capture struct {
 	Duration time.Duration `json:"duration_ns"`
 	Method   string        `json:"method"`
 	Path     string        `json:"path"`
+	// Tunnel is the name of the tunnel the exchange came for
+	// ("command_line" for the command line's; empty for none of the
+	// agent's).
+	Tunnel string `json:"tunnel,omitempty"`
 	// Status is the final status sent back (0: none, the exchange broke);
 	// Code the agent's own error code when it answered itself.
 	Status int    `json:"status"`
@@ -230,6 +234,9 @@ func (in *Inspector) record(x *exchange, r *http.Request) {
 		Method: r.Method, Path: r.URL.RequestURI(), Status: int(x.status.Load()), Code: x.errCode(),
 		Request: x.cap.req.message(), Response: x.cap.resp.message(),
 	}
+	if x.t != nil {
+		c.Tunnel = x.t.name
+	}
 	if resp := x.cap.localResp; resp != nil && mux.IsGRPC(r) {
 		c.GRPCStatus = resp.Trailer.Get("Grpc-Status")
 		if c.GRPCStatus == "" {
@@ -338,7 +345,7 @@ type apiTunnelConfig struct {
 
 func (in *Inspector) tunnels() []apiTunnel {
 	out := []apiTunnel{}
-	for _, t := range in.a.Status().Tunnels() {
+	for _, t := range in.a.Status().Endpoints() {
 		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
 			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true}})
 	}
@@ -382,6 +389,9 @@ var (
 	errNotWhole = errors.New("the request body was not kept whole (over 64 KiB, or cut short): it cannot be replayed as it was; edit it to send another")
 	// errBadEdit refuses an edited request the agent cannot send.
 	errBadEdit = errors.New("the edited request")
+	// errNoTunnel refuses to replay an exchange that came for none of
+	// the agent's tunnels: there is no local service to send it to.
+	errNoTunnel = errors.New("the exchange came for none of this agent's tunnels")
 )
 
 func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
@@ -401,7 +411,7 @@ func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errNotWhole):
+	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel):
 		status = http.StatusConflict
 	case errors.Is(err, errBadEdit):
 		status = http.StatusBadRequest
@@ -465,13 +475,17 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	if err != nil {
 		return 0, fmt.Errorf("%w: not an HTTP request head: %v", errBadEdit, err)
 	}
+	t := in.a.tunnelNamed(c.Tunnel)
+	if t == nil {
+		return 0, errNoTunnel
+	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.UpstreamDialTimeout+in.a.cfg.UpstreamTimeout)
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.UpstreamDialTimeout+t.cfg.UpstreamTimeout)
 	defer cancel()
-	req = replayRequest(req.WithContext(ctx), in.a.local, c.Request.Body)
+	req = replayRequest(req.WithContext(ctx), t.local, c.Request.Body)
 	var kept capture
 	kept.request(req)
-	resp, err := in.a.transport().RoundTrip(req)
+	resp, err := t.transport().RoundTrip(req)
 	if err != nil {
 		in.a.log.Warn("replay failed", "of", c.ID, "method", req.Method, "path", req.URL.RequestURI(), "err", err)
 		return 0, fmt.Errorf("send to the local service: %w", err)
@@ -481,7 +495,7 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	resp.Body.Close()
 	took := time.Since(start)
 	id := in.add(Capture{
-		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode,
+		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Tunnel: t.name, Status: resp.StatusCode,
 		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
 	})
 	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took, Replay: true})

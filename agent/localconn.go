@@ -40,7 +40,7 @@ var errStrayBytes = errors.New("agent: the local service sent bytes nobody asked
 // read from its socket.
 type watchedConn struct {
 	net.Conn
-	a *Agent
+	t *tunnel
 
 	mu       sync.Mutex
 	read     int64
@@ -50,7 +50,7 @@ type watchedConn struct {
 // poison makes every later read and write of c fail, and closes it.
 func (c *watchedConn) poison() {
 	if c.poisoned.CompareAndSwap(false, true) {
-		c.a.strayBytes()
+		c.t.strayBytes()
 		c.Conn.Close()
 	}
 }
@@ -94,13 +94,13 @@ type watched interface {
 }
 
 // dialWatched dials the local service with d.
-func (a *Agent) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (t *tunnel) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return newWatchedConn(a, c), nil
+		return newWatchedConn(t, c), nil
 	}
 }
 

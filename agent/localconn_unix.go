@@ -15,8 +15,8 @@ type watchedUnix struct {
 	rc syscall.RawConn
 }
 
-func newWatchedConn(a *Agent, c net.Conn) net.Conn {
-	w := &watchedConn{Conn: c, a: a}
+func newWatchedConn(t *tunnel, c net.Conn) net.Conn {
+	w := &watchedConn{Conn: c, t: t}
 	sc, ok := c.(syscall.Conn)
 	if !ok {
 		return w

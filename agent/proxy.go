@@ -45,6 +45,7 @@ type exchange struct {
 	n1xx   atomic.Int32 // informational responses passed on
 	cut    bool         // the response was broken off
 	cap    *capture     // what the inspector keeps; nil without one
+	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 }
 
 type exchangeKey struct{}
@@ -156,7 +157,7 @@ func (c *streamConn) state(st http.ConnState) {
 func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
-	x := &exchange{start: time.Now()}
+	x := &exchange{start: time.Now(), t: a.route(r.Host)}
 	a.stats.opened(x.start)
 	if a.inspect != nil {
 		x.cap = &capture{}
@@ -186,11 +187,17 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	// body once the response has started.
 	http.NewResponseController(w).EnableFullDuplex()
 	rw := &exchangeWriter{ResponseWriter: w, x: x}
-	if a.auth != nil && !a.auth.allows(r) {
+	t := x.t
+	switch {
+	case t == nil:
+		// A hostname this agent does not serve (any more): the edge
+		// routes a stream only for a name the session holds.
+		a.answer(rw, r, mux.CodeTunnelNotFound)
+	case t.auth != nil && !t.auth.allows(r):
 		a.answer(rw, r, mux.CodeBasicAuthRequired)
-		return
+	default:
+		t.proxy.ServeHTTP(rw, r)
 	}
-	a.proxy.ServeHTTP(rw, r)
 }
 
 // ended counts, logs and keeps the exchange once it is over.
@@ -245,15 +252,15 @@ func (w *exchangeWriter) Write(p []byte) (int, error) {
 // Hijack for upgrades).
 func (w *exchangeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// newProxy returns the reverse proxy to the local service.
-func (a *Agent) newProxy() *httputil.ReverseProxy {
+// newProxy returns the reverse proxy to the tunnel's local service.
+func (t *tunnel) newProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Rewrite:        a.rewrite,
-		ModifyResponse: a.modifyResponse,
-		Transport:      upstreamTransport{a},
+		Rewrite:        t.rewrite,
+		ModifyResponse: t.modifyResponse,
+		Transport:      upstreamTransport{t},
 		BufferPool:     mux.BufferPool{},
-		ErrorHandler:   a.proxyError,
-		ErrorLog:       slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		ErrorHandler:   t.proxyError,
+		ErrorLog:       slog.NewLogLogger(t.log.Handler(), slog.LevelDebug),
 	}
 }
 
@@ -264,12 +271,12 @@ var forwardedFields = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forward
 
 // rewrite addresses the request to the local service, with the Host
 // --host-header asks for and the edge's X-Forwarded-* fields.
-func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
-	pr.Out.URL.Scheme = a.local.Scheme
-	pr.Out.URL.Host = a.local.Host
+func (t *tunnel) rewrite(pr *httputil.ProxyRequest) {
+	pr.Out.URL.Scheme = t.local.Scheme
+	pr.Out.URL.Host = t.local.Host
 	pr.Out.Host = pr.In.Host
-	if a.hostHeader != "" {
-		pr.Out.Host = a.hostHeader
+	if t.hostHeader != "" {
+		pr.Out.Host = t.hostHeader
 	}
 	for _, k := range forwardedFields {
 		if v := pr.In.Header[k]; len(v) > 0 {
@@ -277,7 +284,7 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	mux.PassTrailers(pr.Out, pr.In)
-	a.headers.request(pr.Out.Header)
+	t.headers.request(pr.Out.Header)
 	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
 		// The transport sends a request again on a new connection when
 		// nothing of it was written (a pooled connection found closed, or
@@ -309,17 +316,17 @@ var errBadStatus = errors.New("agent: the local service's status code is not one
 
 // modifyResponse refuses a status net/http reads (any three digits) but no
 // response can carry on, and applies the response header rules.
-func (a *Agent) modifyResponse(resp *http.Response) error {
+func (t *tunnel) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
 	}
-	a.headers.response(resp.Header)
+	t.headers.response(resp.Header)
 	return nil
 }
 
 // proxyError answers a request the local service did not: with the code
 // that says why, and a warning (rate-limited) with the likely fix.
-func (a *Agent) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		// The edge gave the exchange up (the visitor left, a timeout):
 		// nobody reads this answer.
@@ -327,8 +334,8 @@ func (a *Agent) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	code := upstreamCode(err)
-	a.localFailed(code, err)
-	a.answer(w, r, code)
+	t.localFailed(code, err)
+	t.a.answer(w, r, code)
 }
 
 // upstreamCode maps a failed request to the local service to a visitor
@@ -364,8 +371,8 @@ func closedByPeer(err error) bool {
 }
 
 // upstreamTransport sends the proxy's requests to the local service through
-// the agent's current transport, recording them for the inspector.
-type upstreamTransport struct{ a *Agent }
+// the tunnel's current transport, recording them for the inspector.
+type upstreamTransport struct{ t *tunnel }
 
 func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	x := exchangeOf(req.Context())
@@ -386,12 +393,12 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // roundTrip sends req once, refusing a response that was there before the
 // request: bytes another exchange's response left behind (cleanCheck).
 func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) {
-	if t.a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+	if t.t.cfg.UpstreamProtocol == ProtocolHTTP2 {
 		// Every HTTP/2 stream is its own: no bytes can be left behind.
-		return t.a.transport().RoundTrip(req)
+		return t.t.transport().RoundTrip(req)
 	}
 	checked, tainted := cleanCheck(req)
-	resp, err := t.a.transport().RoundTrip(checked)
+	resp, err := t.t.transport().RoundTrip(checked)
 	if err == nil && tainted() {
 		resp.Body.Close()
 		return nil, errStrayBytes
@@ -400,22 +407,29 @@ func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) 
 }
 
 // transport is the current transport to the local service.
-func (a *Agent) transport() *http.Transport { return a.upstream.Load() }
+func (t *tunnel) transport() *http.Transport { return t.upstream.Load() }
 
 // useResponseHeadLimit holds local services to limit, the edge's bound on a
 // response head (mux.MaxResponseHead at most): the agent never passes on
-// what the edge would refuse. A new limit takes a new transport; the old
-// one's idle connections are closed.
+// what the edge would refuse.
 func (a *Agent) useResponseHeadLimit(limit int64) {
+	for _, t := range a.tunnels {
+		t.useResponseHeadLimit(limit)
+	}
+}
+
+// useResponseHeadLimit gives the tunnel a transport for limit, if its own
+// has another; the old one's idle connections are closed.
+func (t *tunnel) useResponseHeadLimit(limit int64) {
 	if limit <= 0 || limit > mux.MaxResponseHead {
 		limit = mux.MaxResponseHead
 	}
-	a.upstreamMu.Lock()
-	defer a.upstreamMu.Unlock()
-	if old := a.upstream.Load(); old != nil && old.MaxResponseHeaderBytes == limit {
+	t.upstreamMu.Lock()
+	defer t.upstreamMu.Unlock()
+	if old := t.upstream.Load(); old != nil && old.MaxResponseHeaderBytes == limit {
 		return
 	}
-	old := a.upstream.Swap(a.newTransport(limit))
+	old := t.upstream.Swap(t.newTransport(limit))
 	if old != nil {
 		old.CloseIdleConnections()
 	}
@@ -425,24 +439,24 @@ func (a *Agent) useResponseHeadLimit(limit int64) {
 // http://, TLS (HTTP/1.1) for https://, the local certificate verified
 // against the system's roots, the roots of --upstream-ca-file once Run has
 // read it (loadUpstreamCA), or not at all with --upstream-insecure.
-func (a *Agent) newTransport(maxHead int64) *http.Transport {
-	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
+func (t *tunnel) newTransport(maxHead int64) *http.Transport {
+	dialer := &net.Dialer{Timeout: t.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		DialContext:            a.dialWatched(dialer),
-		TLSClientConfig:        a.upstreamTLS,
-		TLSHandshakeTimeout:    a.cfg.UpstreamDialTimeout,
+		DialContext:            t.dialWatched(dialer),
+		TLSClientConfig:        t.upstreamTLS,
+		TLSHandshakeTimeout:    t.cfg.UpstreamDialTimeout,
 		MaxIdleConns:           maxIdleLocal,
 		MaxIdleConnsPerHost:    maxIdleLocal,
 		IdleConnTimeout:        90 * time.Second,
-		ResponseHeaderTimeout:  a.cfg.UpstreamTimeout,
+		ResponseHeaderTimeout:  t.cfg.UpstreamTimeout,
 		MaxResponseHeaderBytes: maxHead,
 		DisableCompression:     true, // the visitor's Accept-Encoding goes as it came
 	}
 	tr.Protocols = new(http.Protocols)
-	if a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+	if t.cfg.UpstreamProtocol == ProtocolHTTP2 {
 		// HTTP/2 only: prior knowledge without TLS (h2c), ALPN with it.
-		tr.Protocols.SetUnencryptedHTTP2(a.local.Scheme == "http")
-		tr.Protocols.SetHTTP2(a.local.Scheme == "https")
+		tr.Protocols.SetUnencryptedHTTP2(t.local.Scheme == "http")
+		tr.Protocols.SetHTTP2(t.local.Scheme == "https")
 		return tr
 	}
 	tr.Protocols.SetHTTP1(true)
@@ -457,6 +471,9 @@ const maxIdleLocal = 256
 func (a *Agent) logRequest(x *exchange, r *http.Request) {
 	status := x.status.Load()
 	args := []any{"method", r.Method, "path", r.URL.RequestURI(), "status", status}
+	if x.t != nil && len(a.tunnels) > 1 {
+		args = append(args, "tunnel", x.t.name)
+	}
 	switch code := x.errCode(); {
 	case code != "":
 		args = append(args, "code", code)

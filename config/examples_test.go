@@ -55,6 +55,9 @@ func loadExampleEdge(t *testing.T, args ...string) edge.Config {
 
 // clearEnv keeps the runner's NGSTONE_* variables out of a test.
 func clearNgstoneEnv(t *testing.T) {
+	// No settings file of the user's either: the default one is under
+	// the user config directory.
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, config.EnvPrefix+"_") {
 			t.Setenv(k, "")

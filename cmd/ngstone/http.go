@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -229,16 +230,25 @@ func (p *statusPrinter) update(s agent.Status) {
 	defer p.mu.Unlock()
 	prev := p.last
 	p.last = s
-	rebound := s.State == agent.StateOnline && (prev.State != agent.StateOnline || s.URL != prev.URL || s.Generation != prev.Generation)
+	rebound := s.State == agent.StateOnline && (prev.State != agent.StateOnline || bindings(s) != bindings(prev))
 	if !rebound && s.State == prev.State && s.Hint == prev.Hint && errClass(s.Err) == errClass(prev.Err) {
 		return
 	}
 	p.logStatus(s)
 	if rebound {
-		for _, u := range s.URLs {
-			fmt.Fprintf(p.w, "Forwarding %s -> %s\n", u, s.Local)
+		for _, e := range s.Endpoints() {
+			fmt.Fprintf(p.w, "Forwarding %s -> %s\n", e.PublicURL, e.Local)
 		}
 	}
+}
+
+// bindings is what s's tunnels hold, to tell a rebind from a repeat.
+func bindings(s agent.Status) string {
+	var b strings.Builder
+	for _, t := range s.Tunnels {
+		fmt.Fprintf(&b, "%s %s %d %s|", t.Name, t.URL, t.Generation, t.State)
+	}
+	return b.String()
 }
 
 // errClass is what tells two causes of a reconnect apart for the log: a

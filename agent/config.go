@@ -136,6 +136,12 @@ type Tunnel struct {
 	HostHeader string
 }
 
+// AsksName reports whether one of c's tunnels asks for a name of its own
+// (a random name has nothing to take back after a restart).
+func (c Config) AsksName() bool {
+	return slices.ContainsFunc(c.tunnels(), func(t Tunnel) bool { return t.Subdomain != "" || t.Hostname != "" })
+}
+
 // tunnels returns the agent's tunnels: Tunnels, or the embedded one.
 func (c Config) tunnels() []Tunnel {
 	if len(c.Tunnels) > 0 {
@@ -251,7 +257,7 @@ func validateTunnels(ts []Tunnel) error {
 			seen[t.Name] = true
 		}
 		if err := t.validate(); err != nil {
-			if len(ts) > 1 {
+			if t.Name != "" {
 				return fmt.Errorf("tunnel %q: %w", t.Name, err)
 			}
 			return err

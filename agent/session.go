@@ -43,7 +43,7 @@ type conn struct {
 	events     chan error    // first session-ending event from the reader
 	readerDone chan struct{} // closed when readControl returns
 	unbound    chan string   // the hostnames the edge confirms unbound
-	streams    mux.Tracker // exchanges in flight, for the drain
+	streams    mux.Tracker   // exchanges in flight, for the drain
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it

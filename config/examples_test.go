@@ -93,6 +93,22 @@ func TestExampleAgentYAML(t *testing.T) {
 	}
 }
 
+func TestExampleTunnelsYAML(t *testing.T) {
+	clearNgstoneEnv(t)
+	fs := pflag.NewFlagSet("start", pflag.ContinueOnError)
+	l := config.NewAgent(fs)
+	if err := fs.Parse([]string{"--config", filepath.Join(examplesDir, "tunnels.yaml")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := l.LoadTunnels(nil, true)
+	if err != nil {
+		t.Fatalf("load tunnels.yaml: %v", err)
+	}
+	if len(cfg.Tunnels) != 3 || cfg.Tunnels[1].Name != "api" || !cfg.Tunnels[1].UpstreamInsecure || cfg.Tunnels[2].UpstreamProtocol != "http2" {
+		t.Errorf("tunnels.yaml loaded as %+v", cfg.Tunnels)
+	}
+}
+
 // TestExampleYAMLRefusesTypos proves the loader behind the two tests above
 // would catch a key that is not a flag.
 func TestExampleYAMLRefusesTypos(t *testing.T) {

@@ -115,6 +115,7 @@ func (b *bench) run() error {
 		{"reset", b.resets},
 		{"outage", b.outages},
 		{"idle", b.idleTunnels},
+		{"grpc", b.grpcUnary},
 	}
 	for _, p := range phases {
 		if !b.o.phases[p.name] && !(p.name == "rss" && (b.o.phases["get"] || b.o.phases["xfer"])) {

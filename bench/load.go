@@ -125,6 +125,12 @@ func smallGETs(t target, conc int, d time.Duration) loadResult {
 
 func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 	ctx := context.Background()
+	return measure(conc, d, func() bool { return t.get(ctx, c, "/small") == http.StatusOK })
+}
+
+// measure runs conc callers of call for d and returns the successful
+// calls' count and latencies.
+func measure(conc int, d time.Duration, call func() bool) loadResult {
 	lats := make([][]time.Duration, conc)
 	errs := make([]int, conc)
 	start := time.Now()
@@ -135,7 +141,7 @@ func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 			l := make([]time.Duration, 0, 4096)
 			for time.Now().Before(deadline) {
 				t0 := time.Now()
-				if t.get(ctx, c, "/small") != http.StatusOK {
+				if !call() {
 					errs[i]++
 					continue
 				}

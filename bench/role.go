@@ -37,6 +37,7 @@ func runRole(role string, args []string) int {
 	caFile := fs.String("ca-file", "", "agent: CA file")
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
+	protocol := fs.String("upstream-protocol", "", "agent: http1 or http2 to the local service")
 	listen := fs.String("listen", "", "relay: listen address")
 	to := fs.String("to", "", "relay, mux agent: next hop")
 	tunnel := fs.String("tunnel", "", "mux edge: tunnel listener")
@@ -71,6 +72,9 @@ func runRole(role string, args []string) int {
 	case "agent":
 		cfg := agent.DefaultConfig()
 		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain = *edgeAddr, *caFile, *local, *sub
+		if *protocol != "" {
+			cfg.UpstreamProtocol = *protocol
+		}
 		cfg.Mux.StreamWindow = uint32(*window)
 		var a *agent.Agent
 		if a, err = agent.New(cfg, nil); err == nil {

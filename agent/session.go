@@ -248,6 +248,8 @@ func (a *Agent) lose(t *tunnel, err error) {
 		t.st.State = TunnelRefused
 	}
 	t.st.Err = err
+	// Its hostname routes nothing here any more.
+	maps.DeleteFunc(a.hosts, func(_ string, o *tunnel) bool { return o == t })
 	left := 0
 	for _, o := range a.tunnels {
 		if !o.final() {
@@ -290,11 +292,13 @@ func (a *Agent) noneLeft() error {
 // visitors --allow-cidr keeps out.
 func (a *Agent) edgeDoes(features []string) error {
 	need := map[string]string{}
-	if a.cfg.Hostname != "" {
-		need[mux.FeatureHostname] = "--hostname"
-	}
-	if len(a.cfg.AllowCIDR)+len(a.cfg.DenyCIDR) > 0 {
-		need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+	for _, t := range a.tunnels {
+		if t.cfg.Hostname != "" {
+			need[mux.FeatureHostname] = "--hostname"
+		}
+		if len(t.cfg.AllowCIDR)+len(t.cfg.DenyCIDR) > 0 {
+			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+		}
 	}
 	for f, flag := range need {
 		if !slices.Contains(features, f) {

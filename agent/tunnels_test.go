@@ -27,13 +27,8 @@ func named(t *testing.T, base agent.Tunnel, name string) agent.Tunnel {
 
 func body(t *testing.T, c *http.Client, url string) (int, string) {
 	t.Helper()
-	resp, err := c.Get(url)
-	if err != nil {
-		t.Fatalf("GET %s: %v", url, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	resp, b := get(t, c, url)
+	return resp.StatusCode, b
 }
 
 // TestSeveralTunnels: one agent, three tunnels on one session and one

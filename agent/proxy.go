@@ -70,7 +70,7 @@ func (x *exchange) got1xx(int, textproto.MIMEHeader) error {
 
 func exchangeOf(ctx context.Context) *exchange {
 	if sc, _ := ctx.Value(streamKey{}).(*streamConn); sc != nil {
-		return sc.x
+		return &sc.x
 	}
 	return nil
 }
@@ -107,8 +107,7 @@ func (a *Agent) newStreamServer() *http.Server {
 			if sc == nil {
 				return ctx
 			}
-			sc.x = &exchange{}
-			return a.withExchange(context.WithValue(ctx, streamKey{}, sc), sc.x)
+			return a.withExchange(context.WithValue(ctx, streamKey{}, sc), &sc.x)
 		},
 	}
 	srv.SetKeepAlivesEnabled(false)
@@ -171,12 +170,47 @@ type streamConn struct {
 	a             *Agent
 	held          *mux.Tracker
 	local, remote net.Addr
-	x             *exchange    // the stream's one exchange
+	x             exchange     // the stream's one exchange
 	written       atomic.Int64 // bytes written to the edge
 
 	mu      sync.Mutex
 	holding bool // counted in held
 	ended   bool // its WaitGroup count is given back
+
+	dmu             sync.Mutex
+	readDL, writeDL time.Time // the deadlines last set; a new stream has none
+}
+
+// SetReadDeadline passes t on unless it is the deadline already set: the
+// server sets the same one again (none, after the request head and at the
+// start of its background read) and a stream's deadline costs it an
+// allocation each time.
+func (c *streamConn) SetReadDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.readDL.Equal(t) {
+		return nil
+	}
+	c.readDL = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetWriteDeadline passes t on unless it is the deadline already set (the
+// server clears the write deadline after every response).
+func (c *streamConn) SetWriteDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.writeDL.Equal(t) {
+		return nil
+	}
+	c.writeDL = t
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline sets both deadlines through the two above.
+func (c *streamConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
 }
 
 func (c *streamConn) LocalAddr() net.Addr  { return c.local }
@@ -215,7 +249,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
 	sc := r.Context().Value(streamKey{}).(*streamConn)
-	x := sc.x
+	x := &sc.x
 	x.start = time.Now()
 	if a.inspect != nil {
 		x.cap = &capture{}

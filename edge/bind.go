@@ -195,8 +195,8 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 // and whose process they restarted. It returns "" for a holder heard from
 // recently, or held by another edge of the cluster.
 func (e *Edge) silentHolder(ctx context.Context, host string) string {
-	b, ok := e.lookup(ctx, host)
-	if !ok || !e.local(b) {
+	b, ok, err := e.lookup(ctx, host)
+	if err != nil || !ok || !e.local(b) {
 		return ""
 	}
 	var silent, window, quiet time.Duration

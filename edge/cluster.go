@@ -27,11 +27,15 @@ import (
 )
 
 // Cluster mode: several edges share one registry (registry.Etcd). A
-// visitor request for a hostname bound on another edge is forwarded to that
-// edge, exactly one hop, with the generation the route cache gave. The
-// owner serves it only if one of its sessions holds that generation; else it
-// answers 421 with routeHeader "stale", and the first edge reads the
-// registry again and retries once. The owner never forwards.
+// visitor request is routed by the registry's route cache only while etcd
+// has confirmed that cache current within the staleness bound; past it,
+// by the hostname read from etcd, or not at all (503 tunnel_offline): an
+// edge never serves a session that may have lost its binding. A request
+// for a hostname bound on another edge is forwarded to that edge, exactly
+// one hop, with the generation the route gave. The owner serves it only if
+// one of its sessions holds that generation; else it answers 421 with
+// routeHeader "stale", and the first edge reads the registry again and
+// retries once. The owner never forwards.
 
 // Headers between edges. The owner removes them before the agent sees the
 // request.
@@ -69,7 +73,11 @@ type ClusterStore interface {
 	Start(ctx context.Context, addr string, hooks registry.Hooks) error
 	Close() error
 	Ready() bool
+	// Route is Lookup for routing: from the cache only while it is
+	// confirmed fresh, else read from etcd; an error means do not route.
+	Route(ctx context.Context, hostname string) (registry.Binding, bool, error)
 	Lookup(hostname string) (registry.Binding, bool)
+	RouteStats() registry.RouteStats
 	NodeAddr(node string) (string, bool)
 	OpenSession(ctx context.Context, sess registry.Session) error
 	CloseSession(ctx context.Context, id uint64) error
@@ -153,8 +161,8 @@ type cluster struct {
 	serverTLS *tls.Config
 	forward   *http.Transport
 	// forwarded and retried count requests sent to other edges, and those
-	// sent again after a stale route.
-	forwarded, retried atomic.Int64
+	// sent again after a stale route; leaseLost the leases lost.
+	forwarded, retried, leaseLost atomic.Int64
 }
 
 func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, error) {
@@ -202,6 +210,7 @@ func (e *Edge) startCluster(ctx context.Context) error {
 // for them, and their agents reconnect, through the load balancer, to an
 // edge that can.
 func (e *Edge) clusterLost(err error) {
+	e.cluster.leaseLost.Add(1)
 	e.mu.Lock()
 	sessions := e.sessionListLocked()
 	e.mu.Unlock()
@@ -218,14 +227,14 @@ func (e *Edge) clusterLost(err error) {
 	wg.Wait()
 }
 
-// lookup finds hostname's binding: from the route cache in a cluster, from
-// the store alone.
-func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool) {
+// lookup finds hostname's binding to route by: in a cluster, from a route
+// cache known to be fresh, else from etcd; alone, from the store. An error
+// means the edge cannot vouch for any route now.
+func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool, error) {
 	if e.cluster != nil {
-		return e.cluster.store.Lookup(host)
+		return e.cluster.store.Route(ctx, host)
 	}
-	b, ok, err := e.store.Get(ctx, host)
-	return b, ok && err == nil
+	return e.store.Get(ctx, host)
 }
 
 // local reports whether b is held by a session of this edge.
@@ -384,7 +393,11 @@ func (e *Edge) clusterHandler() http.Handler {
 			mux.WriteVisitorErrorFor(w, r, mux.CodeBadHost, r.Host)
 			return
 		}
-		b, ok := e.cluster.store.Lookup(host)
+		b, ok, err := e.cluster.store.Route(r.Context(), host)
+		if err != nil {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
 		if !ok || b.Node != e.cluster.node || b.Generation != gen {
 			w.Header().Set(routeHeader, "stale")
 			mux.WriteVisitorErrorFor(w, r, mux.CodeMisdirected, host)

@@ -40,15 +40,26 @@ type clusterEdge struct {
 	store *registry.Etcd
 }
 
-// start runs edge name; cli is its etcd client (nil: a direct one).
+// start runs edge name; endpoints are its etcd's (nil: the shared one's).
 func (c *testCluster) start(name string, endpoints []string, tune func(*edge.Config)) *clusterEdge {
+	c.t.Helper()
+	return c.startWith(name, endpoints, nil, tune)
+}
+
+// startWith is start with the edge's registry settings changed by etcd.
+func (c *testCluster) startWith(name string, endpoints []string, etcd func(*registry.EtcdConfig), tune func(*edge.Config)) *clusterEdge {
 	t := c.t
 	t.Helper()
 	if endpoints == nil {
 		endpoints = etcdtest.Endpoints(t)
 	}
-	store := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
-		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, Log: tunneltest.Logger().With("side", name)})
+	ec := registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
+		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second,
+		Log: tunneltest.Logger().With("side", name)}
+	if etcd != nil {
+		etcd(&ec)
+	}
+	store := registry.NewEtcd(ec)
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.TLS.DataDir = c.dataDir
 	cfg.Cluster = &edge.ClusterConfig{Store: store, Addr: "127.0.0.1:0", Key: clusterKey}
@@ -261,7 +272,7 @@ func TestClusterKilledEdge(t *testing.T) {
 		took = ag
 		return true
 	})
-	t.Logf("bound on b %v after a was cut off (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	t.Logf("bound on b %v after a was cut off (lease TTL 2s)", time.Since(killed).Round(time.Millisecond))
 	if a.Sessions() != 0 {
 		t.Fatalf("a kept %d sessions after losing its lease", a.Sessions())
 	}
@@ -290,14 +301,17 @@ func TestClusterKilledEdge(t *testing.T) {
 }
 
 // TestClusterStaleRoute: B's route cache still names edge A after the
-// agent moved to edge C. B forwards to A, A answers 421 (stale route), B
-// reads the registry and retries once, at C: the visitor sees 200, with
-// its request body intact.
+// agent moved to edge C, within B's staleness bound (B hears from etcd
+// 300 ms late, which its bound and call timeout allow). B forwards to A,
+// A answers 421 (stale route), B reads the registry and retries once, at
+// C: the visitor sees 200, with its request body intact.
 func TestClusterStaleRoute(t *testing.T) {
 	c := newTestCluster(t)
 	a := c.start("a", nil, nil)
 	cli, bPath := etcdProxy(t)
-	b := c.start("b", cli, func(cfg *edge.Config) {})
+	b := c.startWith("b", cli, func(ec *registry.EtcdConfig) {
+		ec.LeaseTTL, ec.CallTimeout, ec.RouteStaleness = 10*time.Second, 2*time.Second, 10*time.Second
+	}, nil)
 	cEdge := c.start("c", nil, nil)
 	backend := tunneltest.StartBackend(t)
 	lb := controlProxy(t, a)

@@ -154,7 +154,15 @@ func newMetrics(e *Edge) *metrics {
 				}
 				return 0
 			}),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ngstone_cluster_lease_lost_total",
+				Help: "Times this edge lost its cluster lease (and closed its agents' sessions).",
+			}, func() float64 { return float64(c.leaseLost.Load()) }),
+			gaugeFunc("ngstone_cluster_route_cache_age_seconds", "Time since etcd last confirmed this edge's route cache current; past --cluster-route-staleness every route is read from etcd.", func() float64 {
+				return c.store.RouteStats().Age.Seconds()
+			}),
 		)
+		m.reg.MustRegister(routeCounters(c.store)...)
 	}
 	for _, r := range []string{bindOK, bindTakeover, mux.CodeSubdomainTaken, mux.CodeInvalidName, mux.CodeReservedName, mux.CodeUnauthorized} {
 		m.binds.WithLabelValues(r) // present at zero, so rate() works from the start
@@ -163,6 +171,28 @@ func newMetrics(e *Edge) *metrics {
 		m.sessionEnds.WithLabelValues(c)
 	}
 	return m
+}
+
+// routeCounters are ngstone_cluster_routes_total{source}: visitor routes
+// answered from the fresh route cache, read from etcd, and refused (503
+// tunnel_offline) because etcd did not answer in time or too many reads
+// were in flight.
+func routeCounters(store ClusterStore) []prometheus.Collector {
+	sources := map[string]func(registry.RouteStats) uint64{
+		"cache":  func(r registry.RouteStats) uint64 { return r.Cached },
+		"etcd":   func(r registry.RouteStats) uint64 { return r.Reread },
+		"failed": func(r registry.RouteStats) uint64 { return r.Failed },
+		"busy":   func(r registry.RouteStats) uint64 { return r.Busy },
+	}
+	var out []prometheus.Collector
+	for source, count := range sources {
+		out = append(out, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ngstone_cluster_routes_total",
+			Help:        "Visitor routes by where they came from: the route cache while etcd confirmed it fresh (cache), etcd (etcd), or none because etcd did not answer in time (failed) or too many hostnames were being read (busy).",
+			ConstLabels: prometheus.Labels{"source": source},
+		}, func() float64 { return float64(count(store.RouteStats())) }))
+	}
+	return out
 }
 
 func gaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {

@@ -55,7 +55,11 @@ func (e *Edge) visitorHandler() http.Handler {
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, max)
 		}
-		b, ok := e.lookup(r.Context(), host)
+		b, ok, err := e.lookup(r.Context(), host)
+		if err != nil {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
 		if !ok {
 			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, host)
 			return

@@ -15,7 +15,9 @@
 // Memory is the store of an edge that runs alone; it asks the edge whether
 // a holder is live (LivenessFunc). Etcd is the store several edges share:
 // the rules are etcd transactions, and a holder is live while its session
-// key, on its edge's lease, exists.
+// key, on its edge's lease, exists. Its route cache answers only while
+// etcd has confirmed it current within a bound (Etcd.Route), so no two
+// edges route one hostname differently for longer than that.
 package registry
 
 import (

@@ -31,6 +31,7 @@ Precedence: flags, environment, file, defaults.`,
 		Args: cobra.NoArgs,
 	}
 	loader := config.NewEdge(cmd.Flags())
+	groupFlagsInHelp(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, lc, err := loader.Load()
 		if err != nil {
@@ -62,14 +63,14 @@ func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) error 
 	if err != nil || len(cl.Endpoints) == 0 {
 		return err
 	}
-	tc, err := cl.EtcdTLS()
+	tc, err := cl.EtcdTLS(log)
 	if err != nil {
 		return err
 	}
 	cfg.Cluster = &edge.ClusterConfig{
 		Store: registry.NewEtcd(registry.EtcdConfig{Endpoints: cl.Endpoints, TLS: tc,
 			Username: cl.Username, Password: cl.Password, Prefix: cl.Prefix, Node: cl.Node,
-			LeaseTTL: cl.LeaseTTL, Log: log}),
+			LeaseTTL: cl.LeaseTTL, RouteStaleness: cl.RouteStaleness, Log: log}),
 		Addr: cl.Addr, Advertise: cl.Advertise, Key: cl.Key,
 	}
 	return nil

@@ -140,6 +140,9 @@ func (b *bench) startEdge() error {
 			"-max-requests-per-ip", strconv.Itoa(b.perIP())}
 		if b.o.profile != "" {
 			args = append(args, "-cpuprofile", filepath.Join(b.o.profile, fmt.Sprintf("edge-%d.pprof", b.starts)))
+			if b.o.contention {
+				args = append(args, "-contention")
+			}
 		}
 	} else {
 		args = []string{"edge", "--domain", domain, "--http-addr", b.addrs["http"], "--https-addr", b.addrs["https"],
@@ -197,10 +200,14 @@ func (b *bench) startAgent(sub, edgeAddr string) (*proc, error) {
 	var args, env []string
 	if b.o.self {
 		env = []string{roleEnv + "=agent"}
+		// The inspector is on, as the CLI runs the agent by default.
 		args = []string{"-edge", edgeAddr, "-ca-file", ca, "-local", local, "-subdomain", sub,
-			"-window", strconv.FormatUint(uint64(b.o.window), 10)}
+			"-window", strconv.FormatUint(uint64(b.o.window), 10), "-inspect", freePort()}
 		if b.o.profile != "" {
 			args = append(args, "-cpuprofile", filepath.Join(b.o.profile, "agent-"+sub+".pprof"))
+			if b.o.contention {
+				args = append(args, "-contention")
+			}
 		}
 	} else {
 		args = []string{"http", local, "--edge", edgeAddr, "--ca-file", ca, "--subdomain", sub, "--log-format", "json"}

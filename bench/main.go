@@ -27,28 +27,29 @@ import (
 )
 
 type options struct {
-	quick    bool
-	dur      time.Duration
-	concs    []int
-	size     int64
-	xfers    int
-	tunnels  int
-	resets   int
-	outages  int
-	outage   time.Duration
-	bin      string
-	self     bool
-	window   uint
-	profile  string
-	phases   map[string]bool
-	keepTemp bool
-	childEnv []string
-	schemes  []string
-	frp      string
-	floor    bool
-	muxFloor bool
-	wrk      string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
-	wrkT     int    // wrk's threads
+	quick      bool
+	dur        time.Duration
+	concs      []int
+	size       int64
+	xfers      int
+	tunnels    int
+	resets     int
+	outages    int
+	outage     time.Duration
+	bin        string
+	self       bool
+	window     uint
+	profile    string
+	phases     map[string]bool
+	keepTemp   bool
+	childEnv   []string
+	schemes    []string
+	frp        string
+	floor      bool
+	muxFloor   bool
+	contention bool
+	wrk        string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
+	wrkT       int    // wrk's threads
 }
 
 func main() {
@@ -93,6 +94,7 @@ func parseFlags() options {
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
 	flag.BoolVar(&o.muxFloor, "muxfloor", false, "also measure the mux floor: two relay processes with ngstone's TLS and yamux link between them, a stream per visitor connection, no HTTP (GET and transfer phases)")
+	flag.BoolVar(&o.contention, "contention", false, "with -profile: also write mutex and block profiles of the edge and agent (DIR/ROLE-mutex.pprof, -block.pprof); their sampling costs CPU")
 	flag.StringVar(&o.wrk, "wrk", "", "send the plain HTTP small GETs with this wrk binary (e.g. wrk, from PATH) instead of the bench's own Go visitors, which share the cores with what they measure")
 	flag.IntVar(&o.wrkT, "wrkthreads", 1, "wrk's threads with -wrk")
 	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")

@@ -41,6 +41,8 @@ func runRole(role string, args []string) int {
 	listen := fs.String("listen", "", "relay: listen address")
 	to := fs.String("to", "", "relay, mux agent: next hop")
 	tunnel := fs.String("tunnel", "", "mux edge: tunnel listener")
+	contention := fs.Bool("contention", false, "with -cpuprofile: also write mutex and block profiles (their sampling costs CPU)")
+	inspect := fs.String("inspect", "", "agent: the inspector's address, as the CLI runs it by default (empty: none)")
 	perIP := fs.Int("max-requests-per-ip", 0, "edge: requests in flight from one visitor address (0: the default)")
 	fs.Parse(args)
 
@@ -55,11 +57,14 @@ func runRole(role string, args []string) int {
 		defer f.Close()
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
-		// Who waits on a lock or a channel, and for how long: one
-		// contention event in 5, blocking events of a microsecond or more.
-		runtime.SetMutexProfileFraction(5)
-		runtime.SetBlockProfileRate(1000)
-		defer writeProfiles(strings.TrimSuffix(*cpuprofile, ".pprof"), "mutex", "block")
+		if *contention {
+			// Who waits on a lock or a channel, and for how long: one
+			// contention event in 5, blocking events of a microsecond or
+			// more.
+			runtime.SetMutexProfileFraction(5)
+			runtime.SetBlockProfileRate(1000)
+			defer writeProfiles(strings.TrimSuffix(*cpuprofile, ".pprof"), "mutex", "block")
+		}
 		dumpOnUSR1(filepath.Dir(*cpuprofile), role)
 	}
 	var err error
@@ -79,6 +84,7 @@ func runRole(role string, args []string) int {
 	case "agent":
 		cfg := agent.DefaultConfig()
 		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain = *edgeAddr, *caFile, *local, *sub
+		cfg.InspectAddr = *inspect
 		cfg.Mux.StreamWindow = uint32(*window)
 		var a *agent.Agent
 		if a, err = agent.New(cfg, nil); err == nil {

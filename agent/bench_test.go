@@ -17,12 +17,18 @@ import (
 // so is goroutines/op, the goroutines started per request (each a hand-off
 // at least): the visitor's and the backend's are in it too.
 func BenchmarkGET(b *testing.B) {
-	for _, scheme := range []string{"http", "https"} {
-		b.Run(scheme, func(b *testing.B) {
+	for _, run := range []struct{ name, scheme, inspect string }{
+		{"http", "http", ""}, {"https", "https", ""},
+		// As the CLI runs the agent by default: with its inspector.
+		{"http-inspect", "http", "127.0.0.1:0"},
+	} {
+		scheme := run.scheme
+		b.Run(run.name, func(b *testing.B) {
 			be := tunneltest.StartBackend(b)
 			e := tunneltest.StartEdge(b, tunneltest.EdgeConfig(b))
 			cfg := e.AgentConfig("", be.Addr())
 			cfg.Subdomain = "bench"
+			cfg.InspectAddr = run.inspect
 			tunneltest.StartAgent(b, cfg).WaitOnline(b)
 			c := e.Client()
 			c.Transport.(*http.Transport).ForceAttemptHTTP2 = false

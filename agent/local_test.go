@@ -668,3 +668,41 @@ func TestHostHeader(t *testing.T) {
 		t.Errorf("error page %q does not name the visitor's host", got)
 	}
 }
+
+// TestOneExchangePerStream: a stream that carries a second request after
+// the first (an edge that breaks the rule, or bytes an attacker got onto
+// a stream) gets one answer, then the stream's end: the second request
+// never reaches the local service, whose view of it would be another
+// exchange's (its trace, its status, its inspector record).
+func TestOneExchangePerStream(t *testing.T) {
+	var paths []string
+	var mu sync.Mutex
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		io.WriteString(w, "ok "+r.URL.Path)
+	})
+	a := relayAgent(t, s.URL)
+	x := open(t, a)
+	go io.WriteString(x.c, "GET /first HTTP/1.1\r\nHost: app.ngstone.test\r\n\r\n"+
+		"GET /second HTTP/1.1\r\nHost: app.ngstone.test\r\n\r\n")
+	x.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(x.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "ok /first" || !resp.Close {
+		t.Fatalf("first: %d %q close=%v, want 200 \"ok /first\" and the stream's end announced", resp.StatusCode, b, resp.Close)
+	}
+	if rest, err := io.ReadAll(x.br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the first exchange the stream carried %q (%v), want its end", rest, err)
+	}
+	waitDone(t, x)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(paths) != 1 {
+		t.Fatalf("the local service saw %q, want /first alone", paths)
+	}
+}

@@ -138,4 +138,13 @@ func TestBufferPool(t *testing.T) {
 	if len(p.Get()) != 32<<10 {
 		t.Fatal("recycled buffer has the wrong size")
 	}
+	// A buffer of another size (a caller's own) is not pooled: it would
+	// come back as too short a buffer, or not convert.
+	p.Put(make([]byte, 10))
+	p.Put(make([]byte, 32<<10, 64<<10)[:100])
+	for range 4 {
+		if len(p.Get()) != 32<<10 {
+			t.Fatal("a buffer of another size came back")
+		}
+	}
 }

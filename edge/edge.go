@@ -175,12 +175,14 @@ func (e *Edge) listen() error {
 
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
-		e.serveVisitors(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
+		q := &drainingListener{Listener: ln}
+		e.serveVisitors(q, e.limitVisitors(q), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
 		// Batched: a visitor's upload is read up to 256 KiB a syscall, and
 		// the records of one response write leave in one (visitorWriter).
-		e.serveVisitors(mux.BatchedListener(e.limitVisitors(ln)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.certs.TLSConfig())
+		q := &drainingListener{Listener: ln}
+		e.serveVisitors(q, mux.BatchedListener(e.limitVisitors(q)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -234,9 +236,11 @@ func (e *Edge) limitAgents(ln net.Listener) net.Listener {
 	})
 }
 
-// serveVisitors serves a visitor listener: over TLS when tc is set.
-func (e *Edge) serveVisitors(ln net.Listener, h http.Handler, tc *tls.Config) {
+// serveVisitors serves a visitor listener ln (q is its socket, for the
+// drain): over TLS when tc is set.
+func (e *Edge) serveVisitors(q *drainingListener, ln net.Listener, h http.Handler, tc *tls.Config) {
 	v := e.newVisitorServer(ln, h, tc)
+	v.queue = q
 	e.visitors = append(e.visitors, v)
 	e.wg.Add(1)
 	go func() {

@@ -59,15 +59,23 @@ type visitorServer struct {
 	srv *http.Server
 	tls *tls.Config // nil: plain HTTP
 
-	ln    net.Listener // the raw listener
-	conns chan net.Conn
-	done  chan struct{}
-	wg    sync.WaitGroup // the TLS accept loop and its handshakes
-	once  sync.Once
+	served chan struct{}     // plain HTTP: closed when Serve has returned
+	ln     net.Listener      // the listener, limits and PROXY protocol included
+	queue  *drainingListener // the socket's own, under ln; nil: none
+	conns  chan net.Conn
+	done   chan struct{}
+	wg     sync.WaitGroup // the TLS accept loop and its handshakes
+	once   sync.Once
+
+	// HTTP/1.1 connections accepted whose first request is not read yet,
+	// for the drain (waitFirstRequests); zero is signalled on idle.
+	mu    sync.Mutex
+	fresh map[net.Conn]struct{}
+	idle  chan struct{} // closed when fresh empties during the drain; nil otherwise
 }
 
 func (e *Edge) newVisitorServer(ln net.Listener, h http.Handler, tc *tls.Config) *visitorServer {
-	v := &visitorServer{e: e, tls: tc, ln: ln, done: make(chan struct{}), conns: make(chan net.Conn)}
+	v := &visitorServer{e: e, tls: tc, ln: ln, done: make(chan struct{}), conns: make(chan net.Conn), served: make(chan struct{}), fresh: map[net.Conn]struct{}{}}
 	v.srv = &http.Server{
 		Handler:                      h,
 		ReadHeaderTimeout:            e.cfg.ReadHeaderTimeout,
@@ -81,6 +89,7 @@ func (e *Edge) newVisitorServer(ln net.Listener, h http.Handler, tc *tls.Config)
 			}
 			return ctx
 		},
+		ConnState: v.connState,
 		Protocols: new(http.Protocols),
 		HTTP2: &http.HTTP2Config{
 			MaxConcurrentStreams:          maxVisitorStreams,
@@ -108,6 +117,7 @@ const (
 // serve runs the listener until close.
 func (v *visitorServer) serve() error {
 	if v.tls == nil {
+		defer close(v.served)
 		return v.srv.Serve(taggingListener{Listener: v.ln, m: v.e.metrics})
 	}
 	v.wg.Add(1)
@@ -145,20 +155,102 @@ func (v *visitorServer) handshake(raw net.Conn) {
 	if c.ConnectionState().NegotiatedProtocol != "h2" {
 		conn = &taggedConn{Conn: c, tls: c, m: v.e.metrics}
 	}
+	if _, ok := conn.(*taggedConn); ok {
+		v.fresh1(conn, true) // before the server has it: the drain waits for it
+	}
 	select {
 	case v.conns <- conn:
 	case <-v.done:
+		v.fresh1(conn, false)
 		c.Close()
 	}
 }
 
 // shutdown stops accepting, lets requests in flight finish until ctx ends
 // (HTTP/2 connections get GOAWAY), then closes what is left.
+//
+// net/http's Shutdown drops a request it reads once shutting down: it
+// closes the connection without an answer. A visitor whose connection the
+// edge had accepted just before the signal would get nothing, although the
+// request reached it. So the drain goes in steps: no new connections; the
+// TLS handshakes under way finish and reach the server; keep-alives off
+// (each answer carries Connection: close); every HTTP/1.1 connection
+// accepted gets its first request read and answered, or ends (a silent one
+// by ReadHeaderTimeout); only then Shutdown.
 func (v *visitorServer) shutdown(ctx context.Context) error {
+	if v.queue != nil {
+		v.queue.drain()
+	}
+	v.ln.Close()
+	accepted := v.served // plain HTTP: Serve has taken every connection
+	if v.tls != nil {
+		handshook := make(chan struct{})
+		go func() {
+			v.wg.Wait() // the accept loop, then each handshake
+			close(handshook)
+		}()
+		accepted = handshook
+	}
+	select {
+	case <-accepted:
+	case <-ctx.Done():
+	}
+	v.srv.SetKeepAlivesEnabled(false)
+	v.waitFirstRequests(ctx)
 	v.stopAccepting()
 	err := v.srv.Shutdown(ctx)
 	v.close()
 	return err
+}
+
+// connState follows which HTTP/1.1 connections have not had their first
+// request read. HTTP/2 ones (the *tls.Conn the server is given) are left
+// out: Shutdown's GOAWAY tells their clients which streams it took.
+func (v *visitorServer) connState(c net.Conn, st http.ConnState) {
+	if _, ok := c.(*taggedConn); !ok {
+		return
+	}
+	v.fresh1(c, st == http.StateNew)
+}
+
+// fresh1 records that c waits for its first request to be read (or no
+// longer does).
+func (v *visitorServer) fresh1(c net.Conn, waits bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if waits {
+		v.fresh[c] = struct{}{}
+		return
+	}
+	delete(v.fresh, c)
+	if len(v.fresh) == 0 && v.idle != nil {
+		close(v.idle)
+		v.idle = nil
+	}
+}
+
+// waitFirstRequests waits until no HTTP/1.1 connection accepted is
+// waiting for its first request to be read, or ctx ends, or
+// ReadHeaderTimeout (by which the server ends a silent one) has passed.
+func (v *visitorServer) waitFirstRequests(ctx context.Context) {
+	v.mu.Lock()
+	if len(v.fresh) == 0 {
+		v.mu.Unlock()
+		return
+	}
+	idle := make(chan struct{})
+	v.idle = idle
+	v.mu.Unlock()
+	t := time.NewTimer(v.e.cfg.ReadHeaderTimeout)
+	defer t.Stop()
+	select {
+	case <-idle:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	v.mu.Lock()
+	v.idle = nil
+	v.mu.Unlock()
 }
 
 // close stops everything at once and waits for the listener's goroutines.
@@ -166,6 +258,9 @@ func (v *visitorServer) close() {
 	v.stopAccepting()
 	v.srv.Close()
 	v.wg.Wait()
+	if v.queue != nil {
+		v.queue.discard()
+	}
 }
 
 func (v *visitorServer) stopAccepting() {

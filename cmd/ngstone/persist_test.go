@@ -1,11 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -324,7 +325,10 @@ func TestEdgeRefusesForeignRegistry(t *testing.T) {
 // TestEdgeSIGTERMUnderBurst: SIGTERM lands in a burst of visitors on new
 // connections, 20 times: no visitor gets a 502; each gets the local
 // service's answer or a coded 503 with Retry-After, or (for a connection
-// the edge had not accepted yet) a refused or reset connection.
+// the edge had stopped listening for) a refused one. A request the edge
+// accepted, or the kernel queued for it, is answered: net/http would drop
+// one it read once shutting down, and closing the socket would reset the
+// queued ones. About 30 s.
 func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20 shutdowns")
@@ -372,21 +376,43 @@ func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 	}
 	t.Logf("600 visitors across 20 SIGTERMs: %v", counts)
 	for r, n := range counts {
-		if r != "200" && r != "503 tunnel_offline" && r != "connection refused or reset" {
+		switch r {
+		case "200", "503 tunnel_offline", "connection refused or reset":
+		case "dropped: reset after the request":
+			// A connection the kernel completed in the instant between
+			// the drain of the accept queue and the close of the socket
+			// is reset by the close: a few, never a burst's worth.
+			if n > 600/50 {
+				t.Errorf("%d visitors' requests were reset after they were sent", n)
+			}
+		default:
 			t.Errorf("%d visitors got %s", n, r)
 		}
 	}
 }
 
-// burstGet sends one GET on a new connection and says what came back.
+// burstGet sends one GET on a new connection and says what came back:
+// refused (the connection was not accepted: the edge had stopped
+// listening), dropped (the edge accepted the connection and the request
+// went out, but no answer came: an EOF or a reset), or the answer.
 func burstGet(addr string) string {
-	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-		}}}
-	resp, err := c.Get("http://burst.ngstone.test/")
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return "connection refused or reset"
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: burst.ngstone.test\r\nConnection: close\r\n\r\n"); err != nil {
+		return "connection refused or reset" // reset before the request left
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return "dropped: EOF after the request"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "dropped: reset after the request"
+	case err != nil:
+		return "dropped: " + err.Error()
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

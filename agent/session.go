@@ -10,7 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/hashicorp/yamux"
+
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -77,8 +78,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, err
 	}
-	yc.CloseLinger = closeLinger
-	ys, err := yamux.Client(mux.Coalesce(nc), yc)
+	ys, err := yamux.Client(mux.CoalesceWith(nc, mux.CoalesceConfig{WriteTimeout: yc.ConnectionWriteTimeout, Linger: closeLinger}), yc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)

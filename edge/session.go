@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/hashicorp/yamux"
+
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
 )

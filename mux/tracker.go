@@ -73,10 +73,19 @@ func (t *Tracker) Wait(ctx context.Context, stop <-chan struct{}) {
 // httputil.BufferPool.
 type BufferPool struct{}
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+const copyBufSize = 32 << 10
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
 
 // Get returns a buffer.
 func (BufferPool) Get() []byte { return *(copyBufs.Get().(*[]byte)) }
 
-// Put returns a buffer to the pool.
-func (BufferPool) Put(b []byte) { copyBufs.Put(&b) }
+// Put returns a buffer to the pool. A buffer not from Get (of another
+// capacity) is left to the collector, so that Get always returns 32 KiB.
+func (BufferPool) Put(b []byte) {
+	if cap(b) != copyBufSize {
+		return
+	}
+	b = b[:copyBufSize]
+	copyBufs.Put(&b)
+}

@@ -2,6 +2,7 @@ package mux
 
 import (
 	"context"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -128,14 +129,25 @@ func TestTrackerConcurrent(t *testing.T) {
 	})
 }
 
+// TestBufferPool: Get always returns a 32 KiB buffer, whatever was put
+// back: a buffer re-sliced shorter comes back whole, and one of another
+// capacity is not kept. The pool is drained first, so what Get returns
+// after a Put is what was put.
 func TestBufferPool(t *testing.T) {
 	var p BufferPool
-	b := p.Get()
-	if len(b) != 32<<10 {
-		t.Fatalf("buffer of %d bytes, want 32 KiB", len(b))
-	}
-	p.Put(b)
-	if len(p.Get()) != 32<<10 {
-		t.Fatal("recycled buffer has the wrong size")
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // the pool keeps what is put until a collection
+	small := make([]byte, 100)
+	p.Put(small)
+	short := p.Get()[:10]
+	short[0] = 'x'
+	p.Put(short)
+	for range 64 {
+		b := p.Get()
+		if len(b) != 32<<10 {
+			t.Fatalf("buffer of %d bytes, want 32 KiB", len(b))
+		}
+		if &b[0] == &small[0] {
+			t.Fatal("Get returned a buffer of another size that was put back")
+		}
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/hashicorp/yamux"
 )
 
 // Config is the yamux tuning both sides share.

@@ -35,6 +35,7 @@ func runRole(role string, args []string) int {
 	dataDir := fs.String("data-dir", "", "edge: data dir")
 	edgeAddr := fs.String("edge", "", "agent: edge control address")
 	caFile := fs.String("ca-file", "", "agent: CA file")
+	serverName := fs.String("server-name", "", "agent: the name the edge's certificate must match")
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
 	listen := fs.String("listen", "", "relay: listen address")
@@ -70,7 +71,7 @@ func runRole(role string, args []string) int {
 		}
 	case "agent":
 		cfg := agent.DefaultConfig()
-		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain = *edgeAddr, *caFile, *local, *sub
+		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain, cfg.ServerName = *edgeAddr, *caFile, *local, *sub, *serverName
 		cfg.Mux.StreamWindow = uint32(*window)
 		var a *agent.Agent
 		if a, err = agent.New(cfg, nil); err == nil {

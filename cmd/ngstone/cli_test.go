@@ -201,7 +201,15 @@ func TestEmbeddedDefault(t *testing.T) {
 	}()
 	<-entered
 	p.cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(200 * time.Millisecond) // let the unbind happen while the request is in flight
+	// The unbind happens while the request is in flight: the edge says so
+	// in its log before the request may finish.
+	deadline := time.Now().Add(20 * time.Second)
+	for !unboundLogged(p.stderrText(), name+".localhost") {
+		if time.Now().After(deadline) {
+			t.Fatal("no unbind logged within 20s of Ctrl-C")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	close(release)
 	if err := <-done; err != nil || code != 200 {
 		t.Fatalf("in-flight request across Ctrl-C: %d %v", code, err)
@@ -209,6 +217,17 @@ func TestEmbeddedDefault(t *testing.T) {
 	if c := p.exitCode(t); c != 0 {
 		t.Fatalf("exit code %d after Ctrl-C", c)
 	}
+}
+
+// unboundLogged reports whether the JSON log holds the edge's record of
+// unbinding hostname.
+func unboundLogged(log, hostname string) bool {
+	for _, l := range strings.Split(log, "\n") {
+		if strings.Contains(l, `"msg":"unbound"`) && strings.Contains(l, `"hostname":"`+hostname+`"`) {
+			return true
+		}
+	}
+	return false
 }
 
 // TestEdgeAndAgentProcesses: the two-terminal flow of the README, and the

@@ -11,23 +11,39 @@ import (
 // as it comes: a 12-byte header, then its body, each a TLS record and a
 // syscall of its own. Under load that is most of an agent's CPU time. A
 // coalescing connection appends the writes to a buffer that one flusher
-// goroutine writes out whole, so frames queued while a write is under way
-// leave together, and a data header always leaves with its body.
+// goroutine writes out, so frames queued while a write is under way leave
+// together, and a data header always leaves with its body.
 //
 // The connection follows the frame stream it is given (frames.go): it
-// always knows whether the next byte is part of a header, of a data
-// frame's body, or starts a frame, so no decision rests on the bytes of a
-// body. A frame that is complete leaves at once, except the frames that
-// open, accept and close a stream (window updates with SYN, ACK or FIN):
-// those are held back for up to holdControl, since the request or response
-// they belong to, or the next exchange, nearly always follows within it,
-// and one write then carries both. Sent alone, each would cost a write
-// here and a wake-up of the peer, on the path of every request.
+// always knows whether the next byte is part of a header or of a data
+// frame's body, so no decision rests on the bytes of a body.
+//
+// Frames wait in two queues. Large data frames, and every frame of a
+// stream that has one waiting, are bulk; all others (control frames, small
+// data frames: requests, most responses, an upgraded connection's
+// messages) go first, ahead of any bulk waiting, so that a small response
+// is not queued behind a download's backlog. A stream's frames keep their
+// order. Each write takes all the first frames and a chunk of bulk, sized
+// so that a write takes about chunkTime: over a slow link, a frame that
+// comes while one is written waits for little more than a chunk, and the
+// socket beneath holds at most UnsentLimit unsent bytes.
+//
+// The frames that open, accept and close a stream (window updates with
+// SYN, ACK or FIN) are held back for up to holdControl: the request or
+// response they belong to, or the next exchange, nearly always follows
+// within it, and one write then carries both. Sent alone, each would cost
+// a write here and a wake-up of the peer, on the path of every request.
 
 const (
 	// maxCoalesce bounds the buffered bytes; a write beyond it waits for
 	// the flusher, so a slow peer still pushes back on yamux.
 	maxCoalesce = 256 << 10
+	// bulkFrame is the body length from which a data frame is bulk.
+	bulkFrame = 16 << 10
+	// chunkTime is how long a write should take; minChunk bounds the bulk
+	// one write takes from below.
+	chunkTime = 10 * time.Millisecond
+	minChunk  = 16 << 10
 	// holdControl bounds how long a held frame waits for company.
 	holdControl = time.Millisecond
 	// closeFlushTimeout bounds how long Close spends writing out what is
@@ -82,7 +98,7 @@ func CoalesceWith(c net.Conn, cfg CoalesceConfig) net.Conn {
 }
 
 func newCoalesced(c net.Conn, cfg CoalesceConfig, hold time.Duration) *coalescedConn {
-	cc := &coalescedConn{Conn: c, batched: batchedUnder(c), cfg: cfg, hold: hold}
+	cc := &coalescedConn{Conn: c, batched: batchedUnder(c), cfg: cfg, hold: hold, chunk: maxCoalesce, queued: map[uint32]int{}}
 	cc.cond.L = &cc.mu
 	return cc
 }
@@ -96,19 +112,29 @@ type coalescedConn struct {
 	readDone atomic.Bool // a read returned an error: nothing more will arrive
 
 	mu       sync.Mutex
-	cond     sync.Cond // signals writers waiting for room, and Close
-	buf      *[]byte   // buffered writes; nil when empty
-	frames   frames    // where the frame stream written so far stands
-	urgent   bool      // buf holds a frame that must leave now
-	holding  bool      // buf holds a held frame
-	err      error     // first write error, or net.ErrClosed after Close
-	flushing bool      // a flusher goroutine is running
-	waiting  int       // writers waiting for room
+	cond     sync.Cond      // signals writers waiting for room, and Close
+	first    *[]byte        // frames that leave first; nil when empty
+	bulk     *[]byte        // bulk frames; nil when empty
+	ends     []bulkEnd      // where each whole frame in bulk ends
+	queued   map[uint32]int // whole frames in bulk, by stream
+	frames   frames         // where the frame stream written so far stands
+	chunk    int            // the most bulk one write takes; adapts to the link
+	urgent   bool           // a frame waits that must leave now
+	holding  bool           // first holds a held frame
+	err      error          // first write error, or net.ErrClosed after Close
+	flushing bool           // a flusher goroutine is running
+	waiting  int            // writers waiting for room
 	timer    *time.Timer
 	armed    bool // timer will fire
 	closing  bool
 	closeErr error
 	once     sync.Once
+}
+
+// bulkEnd is where a whole frame of a stream ends in the bulk queue.
+type bulkEnd struct {
+	end    int
+	stream uint32
 }
 
 func (c *coalescedConn) Read(p []byte) (int, error) {
@@ -122,7 +148,7 @@ func (c *coalescedConn) Read(p []byte) (int, error) {
 func (c *coalescedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.err == nil && !c.closing && c.flushableLocked() > 0 && len(*c.buf)+len(p) > maxCoalesce {
+	for c.err == nil && !c.closing && c.flushableLocked() > 0 && c.queuedLocked()+len(p) > maxCoalesce {
 		c.urgent = true // held frames may not have started a flush
 		c.startFlushLocked()
 		c.waiting++
@@ -135,8 +161,7 @@ func (c *coalescedConn) Write(p []byte) (int, error) {
 	case c.closing:
 		return 0, net.ErrClosed
 	}
-	c.appendLocked(p)
-	switch urgent, held := c.frames.scan(p); {
+	switch urgent, held := c.appendFramesLocked(p); {
 	case urgent:
 		c.urgent = true
 		c.startFlushLocked()
@@ -149,13 +174,63 @@ func (c *coalescedConn) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// flushableLocked is how many buffered bytes a flush would write: all but
+// appendFramesLocked follows p through the frame stream and queues each
+// frame's bytes, a header once it is whole. It reports what the frames p
+// completed ask for: urgent, one must leave now; held, one may wait.
+func (c *coalescedConn) appendFramesLocked(p []byte) (urgent, held bool) {
+	f := &c.frames
+	for len(p) > 0 {
+		body := f.body > 0
+		n, header, done, h := f.step(p)
+		switch {
+		case body:
+			c.appendLocked(f.bulk, p[:n])
+		case header:
+			f.bulk = c.isBulkLocked()
+			c.appendLocked(f.bulk, f.hdr[:])
+		}
+		p = p[n:]
+		if !done {
+			continue
+		}
+		if f.bulk {
+			c.ends = append(c.ends, bulkEnd{end: len(*c.bulk), stream: f.stream()})
+			c.queued[f.stream()]++
+		}
+		urgent, held = urgent || !h, held || h
+	}
+	return urgent, held
+}
+
+// isBulkLocked decides the queue of the frame whose header is whole: bulk
+// for a large data frame, and for any frame of a stream with frames in
+// bulk, which must not overtake them.
+func (c *coalescedConn) isBulkLocked() bool {
+	id := c.frames.stream()
+	if id == 0 {
+		return false // session frames: ping, go-away
+	}
+	return c.queued[id] > 0 || c.frames.hdr[1] == yamuxTypeData && c.frames.length() >= bulkFrame
+}
+
+func (c *coalescedConn) queuedLocked() int {
+	n := 0
+	for _, b := range []*[]byte{c.first, c.bulk} {
+		if b != nil {
+			n += len(*b)
+		}
+	}
+	return n
+}
+
+// flushableLocked is how many buffered bytes a flush could write: all but
 // a header still waiting for its body.
 func (c *coalescedConn) flushableLocked() int {
-	if c.buf == nil {
-		return 0
+	n := c.queuedLocked()
+	if c.frames.lone() {
+		n -= yamuxHeaderSize
 	}
-	return len(*c.buf) - c.frames.pending()
+	return n
 }
 
 func (c *coalescedConn) startFlushLocked() {
@@ -189,26 +264,30 @@ func (c *coalescedConn) release() {
 	}
 }
 
-// flushLoop writes out the buffer until nothing urgent is left, Close or a
-// write error. Writers may fill the next buffer while one is written.
+// flushLoop writes out the queues until nothing urgent is left, Close or
+// a write error. Writers may fill the queues while one write is under way.
 func (c *coalescedConn) flushLoop() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.cond.Broadcast()
 	for c.urgent && c.err == nil {
-		b := c.takeLocked()
-		c.urgent, c.holding = false, false
-		if b == nil {
+		first, bulk := c.takeFirstLocked(), c.takeBulkLocked()
+		c.urgent, c.holding = len(c.ends) > 0, false
+		if first == nil && bulk == nil {
 			break
 		}
 		c.cond.Broadcast() // room again
 		c.mu.Unlock()
-		err := c.write(*b)
-		putBuf(b)
+		start := time.Now()
+		err := c.write(first, bulk)
+		d := time.Since(start)
+		putBuf(first)
+		putBuf(bulk)
 		c.mu.Lock()
 		if err != nil && c.err == nil {
 			c.err = err
 		}
+		c.adaptLocked(d)
 	}
 	c.flushing = false
 	if c.holding && c.err == nil && !c.closing {
@@ -216,35 +295,99 @@ func (c *coalescedConn) flushLoop() {
 	}
 }
 
-// takeLocked takes what a flush writes out of the buffer. A header still
-// waiting for its body stays behind, in a buffer of its own, so that it
-// leaves with the body.
-func (c *coalescedConn) takeLocked() *[]byte {
-	n := c.flushableLocked()
+// adaptLocked sizes the next writes' chunk of bulk from how long the last
+// write took: halved when it took longer than chunkTime (a slow link, the
+// socket full), doubled when it took a quarter of that.
+func (c *coalescedConn) adaptLocked(d time.Duration) {
+	switch {
+	case d > chunkTime:
+		c.chunk = max(c.chunk/2, minChunk)
+	case d < chunkTime/4:
+		c.chunk = min(c.chunk*2, maxCoalesce)
+	}
+}
+
+// takeFirstLocked takes the first queue, but a lone header, which stays
+// behind to leave with its body.
+func (c *coalescedConn) takeFirstLocked() *[]byte {
+	if c.first == nil {
+		return nil
+	}
+	return c.splitLocked(false, len(*c.first)-c.loneLocked(false))
+}
+
+// takeBulkLocked takes whole bulk frames up to the chunk, and at least
+// one; or, while the first frame is still coming, what there is of it but
+// a lone header.
+func (c *coalescedConn) takeBulkLocked() *[]byte {
+	if c.bulk == nil {
+		return nil
+	}
+	n, k := 0, 0
+	for k < len(c.ends) && (k == 0 || c.ends[k].end <= c.chunk) {
+		n = c.ends[k].end
+		k++
+	}
+	if k == 0 {
+		n = len(*c.bulk) - c.loneLocked(true)
+	}
+	for _, e := range c.ends[:k] {
+		if c.queued[e.stream]--; c.queued[e.stream] == 0 {
+			delete(c.queued, e.stream)
+		}
+	}
+	c.ends = c.ends[:copy(c.ends, c.ends[k:])]
+	for i := range c.ends {
+		c.ends[i].end -= n
+	}
+	return c.splitLocked(true, n)
+}
+
+// loneLocked is the length of a lone header at the end of the bulk queue
+// (bulk) or the first one.
+func (c *coalescedConn) loneLocked(bulk bool) int {
+	if c.frames.lone() && c.frames.bulk == bulk {
+		return yamuxHeaderSize
+	}
+	return 0
+}
+
+// splitLocked takes the first n bytes of a queue (nil if none); the rest
+// moves to a buffer of its own.
+func (c *coalescedConn) splitLocked(bulk bool, n int) *[]byte {
+	q := &c.first
+	if bulk {
+		q = &c.bulk
+	}
 	if n <= 0 {
 		return nil
 	}
-	b := c.buf
-	c.buf = nil
+	b := *q
+	*q = nil
 	if n < len(*b) {
-		c.appendLocked((*b)[n:])
+		c.appendLocked(bulk, (*b)[n:])
 		*b = (*b)[:n]
 	}
 	return b
 }
 
-// write writes b within the write timeout, its TLS records in one write if
-// the socket is batched.
-func (c *coalescedConn) write(b []byte) error {
+// write writes the first frames, then the bulk, within the write timeout;
+// their TLS records in one write if the socket is batched.
+func (c *coalescedConn) write(bufs ...*[]byte) error {
 	c.Conn.SetWriteDeadline(time.Now().Add(c.cfg.WriteTimeout))
-	if c.batched == nil {
-		_, err := c.Conn.Write(b)
-		return err
+	if c.batched != nil {
+		c.batched.cork()
 	}
-	c.batched.cork()
-	_, err := c.Conn.Write(b)
-	if uerr := c.batched.uncork(); err == nil {
-		err = uerr
+	var err error
+	for _, b := range bufs {
+		if b != nil && err == nil {
+			_, err = c.Conn.Write(*b)
+		}
+	}
+	if c.batched != nil {
+		if uerr := c.batched.uncork(); err == nil {
+			err = uerr
+		}
 	}
 	return err
 }
@@ -263,10 +406,9 @@ func (c *coalescedConn) Close() error {
 		c.writeOutLocked()
 		clean := c.err == nil
 		c.err = net.ErrClosed
-		if c.buf != nil {
-			putBuf(c.buf) // at most a header whose body never came
-			c.buf = nil
-		}
+		putBuf(c.first) // at most a header whose body never came
+		putBuf(c.bulk)
+		c.first, c.bulk = nil, nil
 		c.mu.Unlock()
 		if clean && c.cfg.Linger > 0 {
 			c.linger()
@@ -348,14 +490,18 @@ var (
 	largeBufs  = sync.Pool{New: func() any { b := make([]byte, 0, maxCoalesce); return &b }}
 )
 
-// appendLocked appends p to the buffer, moving to the next size up when
-// the buffer is full.
-func (c *coalescedConn) appendLocked(p []byte) {
-	need := len(p)
-	if c.buf != nil {
-		need += len(*c.buf)
+// appendLocked appends p to a queue (bulk, or the first one), moving to
+// the next buffer size up when the buffer is full.
+func (c *coalescedConn) appendLocked(bulk bool, p []byte) {
+	q := &c.first
+	if bulk {
+		q = &c.bulk
 	}
-	if c.buf == nil || need > cap(*c.buf) {
+	need := len(p)
+	if *q != nil {
+		need += len(**q)
+	}
+	if *q == nil || need > cap(**q) {
 		var next *[]byte
 		switch {
 		case need <= smallCoalesce:
@@ -365,18 +511,21 @@ func (c *coalescedConn) appendLocked(p []byte) {
 		default:
 			next = largeBufs.Get().(*[]byte)
 		}
-		if c.buf != nil {
-			*next = append(*next, *c.buf...)
-			putBuf(c.buf)
+		if *q != nil {
+			*next = append(*next, **q...)
+			putBuf(*q)
 		}
-		c.buf = next
+		*q = next
 	}
-	*c.buf = append(*c.buf, p...)
+	**q = append(**q, p...)
 }
 
-// putBuf returns b to its pool; one grown past maxCoalesce (a frame larger
-// than that) is left to the collector.
+// putBuf returns b (if any) to its pool; one grown past maxCoalesce (a
+// frame larger than that) is left to the collector.
 func putBuf(b *[]byte) {
+	if b == nil {
+		return
+	}
 	*b = (*b)[:0]
 	switch cap(*b) {
 	case smallCoalesce:

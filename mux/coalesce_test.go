@@ -99,7 +99,7 @@ func TestCoalesceBufferSizes(t *testing.T) {
 	var want []byte
 	for i, n := range []int{100, 8000, 100, 30000, 40000, 200, 150000, 100} {
 		p := bytes.Repeat([]byte{byte(i + 1)}, n)
-		c.appendLocked(p)
+		c.appendLocked(false, p)
 		want = append(want, p...)
 		size := maxCoalesce
 		switch {
@@ -108,14 +108,14 @@ func TestCoalesceBufferSizes(t *testing.T) {
 		case len(want) <= mediumCoalesce:
 			size = mediumCoalesce
 		}
-		if cap(*c.buf) != size {
-			t.Fatalf("%d bytes queued in a %d-byte buffer, want %d", len(want), cap(*c.buf), size)
+		if cap(*c.first) != size {
+			t.Fatalf("%d bytes queued in a %d-byte buffer, want %d", len(want), cap(*c.first), size)
 		}
 	}
-	if !bytes.Equal(*c.buf, want) {
+	if !bytes.Equal(*c.first, want) {
 		t.Fatal("the queued bytes changed as the buffer moved up")
 	}
-	putBuf(c.buf)
+	putBuf(c.first)
 }
 
 func TestCoalesceHoldsHeaderForItsBody(t *testing.T) {
@@ -148,12 +148,10 @@ func TestCoalesceHeaderWaitsBehindAFlush(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	c.mu.Lock() // no flush may start until both are queued
 	ping := frameHeader(2, 0x1, 0, 7)
-	c.appendLocked(ping)
-	c.frames.scan(ping)
+	c.appendFramesLocked(ping)
 	c.urgent = true
 	hdr := dataHeader(3)
-	c.appendLocked(hdr)
-	c.frames.scan(hdr)
+	c.appendFramesLocked(hdr)
 	c.startFlushLocked()
 	c.mu.Unlock()
 	server.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -589,7 +587,7 @@ func waitFlushed(t *testing.T, c *coalescedConn) {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		c.mu.Lock()
-		done := c.buf == nil && !c.flushing
+		done := c.first == nil && c.bulk == nil && !c.flushing
 		c.mu.Unlock()
 		if done {
 			return
@@ -844,4 +842,97 @@ func selfSigned(t *testing.T) tls.Certificate {
 		t.Fatal(err)
 	}
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+// TestCoalesceSmallOvertakesBulk: while a download's frames wait for a
+// slow peer, a small response, a ping and another stream's window update
+// written after them leave ahead of them; the download's own frames, a
+// small one and its FIN among them, keep their order.
+func TestCoalesceSmallOvertakesBulk(t *testing.T) {
+	client, server := tcpPair(t)
+	server.(*net.TCPConn).SetReadBuffer(16 << 10)
+	client.(*net.TCPConn).SetWriteBuffer(16 << 10)
+	g := &gate{Conn: server}
+	g.cond.L = &g.mu
+	g.shut(true)
+	t.Cleanup(func() { g.shut(false) })
+	c := newCoalesced(client, CoalesceConfig{WriteTimeout: time.Minute}, time.Minute)
+	t.Cleanup(func() { c.Close() })
+	const bulkID, smallID = 3, 5
+	var want []byte // the download's bytes in order
+	frame := func(id uint32, body []byte) {
+		for _, p := range [][]byte{frameHeader(yamuxTypeData, 0, id, uint32(len(body))), body} {
+			if _, err := c.Write(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if id == bulkID {
+			want = append(want, body...)
+		}
+	}
+	for i := 0; ; i++ {
+		frame(bulkID, bytes.Repeat([]byte{byte(i)}, 32<<10))
+		c.mu.Lock()
+		queued := len(c.ends)
+		c.mu.Unlock()
+		if queued >= 4 { // the flusher is stuck on the socket, and frames wait behind it
+			break
+		}
+		if i > 1000 {
+			t.Fatal("no bulk frame waits though the peer does not read")
+		}
+	}
+	frame(bulkID, []byte("small, but the download's"))
+	fin := heldFrame(0x4, bulkID)
+	c.Write(fin)
+	frame(smallID, []byte("a small response"))
+	ping := frameHeader(2, 0x1, 0, 9)
+	update := frameHeader(yamuxTypeWindowUpdate, 0, 7, 1<<20)
+	c.Write(ping)
+	c.Write(update)
+
+	g.shut(false)
+	server.SetReadDeadline(time.Now().Add(20 * time.Second))
+	var got []byte
+	order := map[string]int{}
+	for n := 0; ; n++ {
+		h := make([]byte, yamuxHeaderSize)
+		if _, err := io.ReadFull(server, h); err != nil {
+			t.Fatalf("frame %d: %v", n, err)
+		}
+		body := make([]byte, 0)
+		if h[1] == yamuxTypeData {
+			body = make([]byte, binary.BigEndian.Uint32(h[8:]))
+			if _, err := io.ReadFull(server, body); err != nil {
+				t.Fatalf("frame %d body: %v", n, err)
+			}
+		}
+		switch id := binary.BigEndian.Uint32(h[4:]); {
+		case bytes.Equal(h, fin):
+			order["fin"] = n
+		case id == bulkID:
+			got = append(got, body...)
+			order["bulk"] = n // the last
+		case id == smallID:
+			order["small"] = n
+		case bytes.Equal(h, ping):
+			order["ping"] = n
+		case bytes.Equal(h, update):
+			order["update"] = n
+		}
+		if _, ok := order["fin"]; ok && len(order) == 5 {
+			break
+		}
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the download's %d bytes arrived as %d, or out of order", len(want), len(got))
+	}
+	for _, k := range []string{"small", "ping", "update"} {
+		if order[k] > order["bulk"] {
+			t.Errorf("the %s frame (frame %d) came after the download's last (frame %d)", k, order[k], order["bulk"])
+		}
+	}
+	if order["fin"] < order["bulk"] {
+		t.Errorf("the download's FIN (frame %d) overtook its data (frame %d)", order["fin"], order["bulk"])
+	}
 }

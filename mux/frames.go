@@ -21,45 +21,49 @@ type frames struct {
 	have int    // bytes of the current frame's header seen so far
 	body uint32 // body bytes of the current data frame still to come
 	len  uint32 // the current data frame's body length
+	bulk bool   // the current frame is queued as bulk (coalescedConn)
 }
 
-// scan follows p through the stream and reports what the frames it
-// completed ask for: urgent, one must leave now; held, one (a stream's
-// SYN, ACK or FIN window update) may wait for company.
-func (f *frames) scan(p []byte) (urgent, held bool) {
-	for len(p) > 0 {
-		if f.body > 0 {
-			n := min(uint32(len(p)), f.body)
-			f.body -= n
-			p = p[n:]
-			urgent = urgent || f.body == 0
-			continue
-		}
-		n := copy(f.hdr[f.have:], p)
-		f.have += n
-		p = p[n:]
-		if f.have < yamuxHeaderSize {
-			break
-		}
-		f.have = 0
-		typ, flags, length := f.hdr[1], binary.BigEndian.Uint16(f.hdr[2:]), binary.BigEndian.Uint32(f.hdr[8:])
-		switch {
-		case typ == yamuxTypeData && length > 0:
-			f.body, f.len = length, length
-		case typ == yamuxTypeWindowUpdate && flags&yamuxFlagsHeld != 0 && flags&yamuxFlagRST == 0:
-			held = true
-		default:
-			urgent = true
-		}
+// step takes the start of p: body bytes of the current frame, or header
+// bytes. It returns how many bytes it took; header, when they completed a
+// header (in f.hdr); done, when they completed a frame, and then held,
+// when that frame may wait for company (a stream's SYN, ACK or FIN window
+// update), or else must leave now.
+func (f *frames) step(p []byte) (n int, header, done, held bool) {
+	if f.body > 0 {
+		n = int(min(uint32(len(p)), f.body))
+		f.body -= uint32(n)
+		return n, false, f.body == 0, false
 	}
-	return urgent, held
+	n = copy(f.hdr[f.have:], p)
+	if f.have += n; f.have < yamuxHeaderSize {
+		return n, false, false, false
+	}
+	f.have = 0
+	typ, flags, length := f.hdr[1], binary.BigEndian.Uint16(f.hdr[2:]), binary.BigEndian.Uint32(f.hdr[8:])
+	if typ == yamuxTypeData && length > 0 {
+		f.body, f.len = length, length
+		return n, true, false, false
+	}
+	held = typ == yamuxTypeWindowUpdate && flags&yamuxFlagsHeld != 0 && flags&yamuxFlagRST == 0
+	return n, true, true, held
 }
 
-// pending is how many of the last bytes scanned belong to a frame that has
-// nothing but (part of) its header so far: a flush keeps them back, so
-// that a header never leaves without its body.
+// stream is the stream id of the frame whose header f.hdr holds.
+func (f *frames) stream() uint32 { return binary.BigEndian.Uint32(f.hdr[4:]) }
+
+// length is the length field of the header f.hdr holds.
+func (f *frames) length() uint32 { return binary.BigEndian.Uint32(f.hdr[8:]) }
+
+// lone reports whether the current frame is a data header with none of
+// its body yet: its 12 bytes must not leave without the body.
+func (f *frames) lone() bool { return f.body > 0 && f.body == f.len }
+
+// pending is how many of the bytes taken so far belong to a frame that has
+// nothing but (part of) its header: a partial header, which step keeps in
+// f.hdr, or a lone data header.
 func (f *frames) pending() int {
-	if f.body > 0 && f.body == f.len {
+	if f.lone() {
 		return yamuxHeaderSize
 	}
 	return f.have

@@ -7,7 +7,7 @@ import (
 
 // DefaultUnsentLimit is the TCP_NOTSENT_LOWAT a coalescing connection sets
 // on its socket (CoalesceConfig.UnsentLimit).
-const DefaultUnsentLimit = 128 << 10
+const DefaultUnsentLimit = 32 << 10
 
 // limitUnsent sets the socket beneath c, if c is a TCP connection or TLS
 // over one (batched or not), to hold at most n bytes not yet sent. Where

@@ -15,8 +15,13 @@ type Config struct {
 	// ConnectionWriteTimeout bounds one write to the connection; a path that
 	// stays blocked longer closes the session. Zero means 10s.
 	ConnectionWriteTimeout time.Duration
-	// StreamWindow is each stream's receive window in bytes; zero means 1 MiB.
-	// yamux's minimum is 256 KiB.
+	// StreamWindow is each stream's receive window in bytes; zero means
+	// 8 MiB. yamux's minimum is 256 KiB. One stream carries at most a
+	// window per round trip: 8 MiB is about 80 MB/s at 100 ms. A stream
+	// whose reader stalls holds up to its window unread, in a buffer of up
+	// to about twice that (yamux's bytes.Buffer doubles as it fills); the
+	// data sent, not the window, is what is held while the reader keeps up.
+	// BENCHMARKS.md has the measurements behind the choice.
 	StreamWindow uint32
 	// AcceptBacklog bounds streams opened but not yet accepted; zero means 256.
 	AcceptBacklog int
@@ -27,7 +32,7 @@ func DefaultConfig() Config {
 	return Config{
 		KeepAliveInterval:      15 * time.Second,
 		ConnectionWriteTimeout: 10 * time.Second,
-		StreamWindow:           1 << 20,
+		StreamWindow:           8 << 20,
 		AcceptBacklog:          256,
 	}
 }

@@ -17,9 +17,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -40,21 +43,44 @@ type RefusedError struct {
 
 func (e *RefusedError) Error() string { return e.Code + ": " + e.Message }
 
+// retryError is an edge's answer that asks the agent to connect again,
+// after at least after (an address refused for failed hellos).
+type retryError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *retryError) Error() string { return e.err.Error() }
+func (e *retryError) Unwrap() error { return e.err }
+
+// retryAfter is how long err asks the agent to wait before it connects
+// again; zero if it does not say.
+func retryAfter(err error) time.Duration {
+	var re *retryError
+	if errors.As(err, &re) {
+		return re.after
+	}
+	return 0
+}
+
 // Agent is one `ngstone http` process's tunnel.
 type Agent struct {
 	cfg   Config
 	log   *slog.Logger
 	local *url.URL
-	pool  *localPool
 	// upstreamTLS is the TLS configuration of an https:// local service.
 	upstreamTLS *tls.Config
-	auth        *basicAuth // nil: visitors need no credentials
-	hostHeader  string     // the Host the local service gets; "": the visitor's
-	inspect     *Inspector // nil: no inspector
-	failures    localFailures
-	// watchAfter is when an exchange starts watching its stream (the
-	// constant watchAfter; tests shorten it).
-	watchAfter time.Duration
+	// upstream is the transport to the local service; upstreamMu orders
+	// its replacements (useResponseHeadLimit).
+	upstream   atomic.Pointer[http.Transport]
+	upstreamMu sync.Mutex
+	proxy      *httputil.ReverseProxy
+	auth       *basicAuth   // nil: visitors need no credentials
+	headers    *headerRules // nil: none
+	hostHeader string       // the Host the local service gets; "": the visitor's
+	inspect    *Inspector   // nil: no inspector
+	failures   localFailures
+	strays     localFailures
 
 	mu        sync.Mutex
 	status    Status
@@ -79,15 +105,20 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Agent{cfg: cfg, log: log.With("instance", cfg.InstanceID), local: local, subdomain: cfg.Subdomain}
-	a.pool = a.newPool()
+	digest := mux.InstanceDigest(cfg.InstanceID)
+	a := &Agent{cfg: cfg, log: log.With("instance", digest), local: local, subdomain: cfg.Subdomain}
+	if local.Scheme == "https" {
+		a.upstreamTLS = &tls.Config{ServerName: local.Hostname(), InsecureSkipVerify: cfg.UpstreamInsecure}
+	}
+	a.useResponseHeadLimit(mux.MaxResponseHead)
+	a.proxy = a.newProxy()
 	a.auth = newBasicAuth(cfg.BasicAuth)
+	a.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	a.hostHeader = hostHeader(cfg.HostHeader, local)
 	if cfg.InspectAddr != "" {
 		a.inspect = newInspector(a)
 	}
-	a.watchAfter = watchAfter
-	a.status = Status{State: StateConnecting, InstanceID: cfg.InstanceID, Local: local.String()}
+	a.status = Status{State: StateConnecting, InstanceID: digest, Local: local.String()}
 	return a, nil
 }
 
@@ -98,8 +129,12 @@ func NewInstanceID() string {
 	return hex.EncodeToString(b)
 }
 
-// InstanceID returns the agent's instance id.
+// InstanceID returns the agent's instance id, a secret: show its
+// mux.InstanceDigest.
 func (a *Agent) InstanceID() string { return a.cfg.InstanceID }
+
+// Inspector returns the agent's inspector; nil without one.
+func (a *Agent) Inspector() *Inspector { return a.inspect }
 
 // Status returns the current status.
 func (a *Agent) Status() Status {
@@ -129,7 +164,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadUpstreamCA(); err != nil {
 		return err
 	}
-	defer a.pool.CloseIdleConnections()
+	defer func() { a.transport().CloseIdleConnections() }()
 	defer a.wg.Wait()
 	if a.inspect != nil {
 		ln, err := net.Listen("tcp", a.cfg.InspectAddr)
@@ -178,7 +213,8 @@ func (a *Agent) finalState(err error) State {
 	return ""
 }
 
-// retryDelay is the backoff's next delay, except after a connect that no
+// retryDelay is the backoff's next delay, or longer if the edge asked for
+// a longer wait (retryAfter), except after a connect that no
 // dial got an answer to: that attempt has already spent its dial timeout
 // sending fresh SYNs into a silent network, which the edge never saw, so
 // the next one starts at once and the agent keeps probing until the
@@ -188,7 +224,7 @@ func retryDelay(bo *backoff, err error) time.Duration {
 	if errors.Is(err, errNoAnswer) {
 		return 0
 	}
-	return d
+	return max(d, retryAfter(err))
 }
 
 // wait sleeps d before reconnect attempt n, reporting it in the status.

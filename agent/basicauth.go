@@ -2,12 +2,8 @@ package agent
 
 import (
 	"crypto/subtle"
-	"encoding/base64"
-	"errors"
+	"net/http"
 )
-
-// errFound stops a walk over header fields at the one sought.
-var errFound = errors.New("found")
 
 // minBasicAuthPassword is the shortest password --basic-auth takes.
 const minBasicAuthPassword = 8
@@ -28,36 +24,18 @@ func newBasicAuth(pairs []string) *basicAuth {
 	return b
 }
 
-// allows reports whether the request head raw carries Basic credentials
-// that match a pair: its first Authorization field is "Basic " and the
-// base64 of USER:PASSWORD, read as net/http's Request.BasicAuth reads it
-// (FuzzBasicAuth). Every pair is compared, in constant time.
-func (b *basicAuth) allows(raw []byte) bool {
-	_, rest, err := firstLine(raw)
-	if err != nil {
+// allows reports whether r carries Basic credentials (as net/http's
+// Request.BasicAuth reads them) that match a pair. Every pair is compared,
+// in constant time.
+func (b *basicAuth) allows(r *http.Request) bool {
+	user, pass, ok := r.BasicAuth()
+	if !ok {
 		return false
 	}
-	var auth []byte
-	eachHeader(rest, func(name, value []byte) error {
-		if asciiEqualFold(name, "Authorization") {
-			auth = value
-			return errFound
-		}
-		return nil
-	})
-	const prefix = "Basic "
-	if len(auth) < len(prefix) || !asciiEqualFold(auth[:len(prefix)], prefix) {
-		return false
-	}
-	enc := auth[len(prefix):]
-	cred := make([]byte, base64.StdEncoding.DecodedLen(len(enc)))
-	n, err := base64.StdEncoding.Decode(cred, enc)
-	if err != nil {
-		return false
-	}
-	ok := 0
+	cred := []byte(user + ":" + pass)
+	match := 0
 	for _, p := range b.pairs {
-		ok |= subtle.ConstantTimeCompare(cred[:n], p)
+		match |= subtle.ConstantTimeCompare(cred, p)
 	}
-	return ok == 1
+	return match == 1
 }

@@ -35,7 +35,7 @@ func TestResetsUnderLoad(t *testing.T) {
 	st := a.WaitOnline(t)
 	c := e.Client()
 	defer c.CloseIdleConnections()
-	base := runtime.NumGoroutine()
+	base := tunneltest.Goroutines()
 
 	body := bytes.Repeat([]byte("0123456789abcdef"), 4<<10) // 64 KiB
 	var (
@@ -119,11 +119,11 @@ func TestResetsUnderLoad(t *testing.T) {
 	// Abandoned sessions drain and close in the background: under load
 	// that took more than 5s once in about forty runs. A leak never ends.
 	deadline := time.Now().Add(15 * time.Second)
-	for runtime.NumGoroutine() > base+5 {
+	for tunneltest.Goroutines() > base+5 {
 		if time.Now().After(deadline) {
 			buf := make([]byte, 256<<10)
 			n := runtime.Stack(buf, true)
-			t.Fatalf("%d goroutines 15s after the load, against %d before it:\n%s", runtime.NumGoroutine(), base, buf[:n])
+			t.Fatalf("%d goroutines 15s after the load, against %d before it:\n%s", tunneltest.Goroutines(), base, buf[:n])
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -23,6 +24,22 @@ type Config struct {
 	Local string
 	// Subdomain is the name to bind; empty asks the edge for a random one.
 	Subdomain string
+	// Hostname, instead of Subdomain, asks for a whole hostname of the
+	// agent's own (app.example.org, a CNAME to the edge), which the token
+	// must allow. Empty means none.
+	Hostname string
+	// AllowCIDR and DenyCIDR restrict the visitors the edge lets reach the
+	// tunnel (prefixes such as 192.0.2.0/24 or 2001:db8::/32): a visitor
+	// in a DenyCIDR prefix, or outside every AllowCIDR prefix when there are
+	// any, gets 403 ip_denied from the edge. Empty lets everyone in.
+	AllowCIDR, DenyCIDR []string
+	// RequestHeaderAdd ("Name: value") and RequestHeaderRemove (names) are
+	// applied to each request before it goes to the local service,
+	// ResponseHeaderAdd and ResponseHeaderRemove to each response before it
+	// goes back. The fields the edge sets about the visitor
+	// (X-Forwarded-*) and the message's framing cannot be touched.
+	RequestHeaderAdd, RequestHeaderRemove   []string
+	ResponseHeaderAdd, ResponseHeaderRemove []string
 	// Token is presented in hello; empty for an open edge.
 	Token string
 	// CAFile is a PEM bundle trusted for the edge's certificate; empty
@@ -49,6 +66,11 @@ type Config struct {
 	// UpstreamInsecure skips verification of an https:// local service's
 	// certificate (a development server's self-signed one).
 	UpstreamInsecure bool
+	// UpstreamProtocol is what the agent speaks to the local service:
+	// "http1" (HTTP/1.1), or "http2" (h2c, HTTP/2 without TLS, to an
+	// http:// local service; h2 through ALPN to an https:// one), which
+	// gRPC servers need. Empty means http1.
+	UpstreamProtocol string
 	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
 	HeartbeatInterval time.Duration
 	// HeartbeatTimeout: with no answer to heartbeats for this long the
@@ -92,6 +114,12 @@ type Config struct {
 	// agent's goroutine; it must not block.
 	OnStatus func(Status) `json:"-"`
 }
+
+// The upstream protocols (Config.UpstreamProtocol).
+const (
+	ProtocolHTTP1 = "http1"
+	ProtocolHTTP2 = "http2"
+)
 
 // DefaultConfig returns the documented defaults of `ngstone http`.
 func DefaultConfig() Config {
@@ -146,10 +174,33 @@ func (c Config) Validate() error {
 			return fmt.Errorf("upstream-insecure: the local service %s is not https://", local)
 		}
 	}
+	switch c.UpstreamProtocol {
+	case "", ProtocolHTTP1, ProtocolHTTP2:
+	default:
+		return fmt.Errorf("upstream-protocol %q: want %s or %s", c.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
+	}
 	if c.Subdomain != "" {
 		if err := registry.ValidateSubdomain(c.Subdomain, nil); err != nil {
 			return fmt.Errorf("subdomain: %v", err)
 		}
+	}
+	if c.Hostname != "" {
+		if c.Subdomain != "" {
+			return errors.New("hostname: give --subdomain or --hostname, not both")
+		}
+		if !validHostname(c.Hostname) {
+			return fmt.Errorf("hostname %q: want a DNS name such as app.example.org", c.Hostname)
+		}
+	}
+	for flag, list := range map[string][]string{"allow-cidr": c.AllowCIDR, "deny-cidr": c.DenyCIDR} {
+		for _, p := range list {
+			if _, err := netip.ParsePrefix(p); err != nil {
+				return fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", flag, p)
+			}
+		}
+	}
+	if _, err := parseHeaderRules(c); err != nil {
+		return err
 	}
 	if c.HeartbeatInterval > 0 && c.HeartbeatTimeout > 0 && c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("heartbeat-timeout %s: must be longer than heartbeat-interval %s", c.HeartbeatTimeout, c.HeartbeatInterval)
@@ -176,6 +227,20 @@ func (c Config) Validate() error {
 		return fmt.Errorf("instance id %q: want 32 lower-case hex characters", c.InstanceID)
 	}
 	return nil
+}
+
+// validHostname reports whether h is a DNS name of two labels or more.
+func validHostname(h string) bool {
+	h = strings.TrimSuffix(strings.ToLower(h), ".")
+	if len(h) > 253 || !strings.Contains(h, ".") || net.ParseIP(h) != nil {
+		return false
+	}
+	for label := range strings.SplitSeq(h, ".") {
+		if registry.ValidateSubdomain(label, nil) != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // ParseLocal turns PORT, HOST:PORT or a URL into the local service's URL.

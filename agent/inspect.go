@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -28,8 +29,6 @@ const (
 	inspectKeep = 100
 	// inspectBodyMax is how much of each body it keeps.
 	inspectBodyMax = 64 << 10
-	// inspectHeadMax bounds a kept head (the agent's own limit is larger).
-	inspectHeadMax = 64 << 10
 )
 
 // Capture is one exchange as the inspector shows it.
@@ -44,85 +43,130 @@ type Capture struct {
 	Status int    `json:"status"`
 	Code   string `json:"code,omitempty"`
 	// Replay marks an exchange the inspector sent itself.
-	Replay   bool    `json:"replay,omitempty"`
-	Request  Message `json:"request"`
-	Response Message `json:"response"`
+	Replay bool `json:"replay,omitempty"`
+	// GRPCStatus is a gRPC call's status code, from its trailers (its
+	// bodies are kept as they came, not decoded).
+	GRPCStatus string  `json:"grpc_status,omitempty"`
+	Request    Message `json:"request"`
+	Response   Message `json:"response"`
 }
 
 // Message is one side of an exchange, as it crossed the agent: the head
-// (request or status line and fields) and the start of the body, in its
-// wire form (a chunked body keeps its chunk lines).
+// (request or status line and fields) and the start of the body (decoded
+// from its transfer framing).
 type Message struct {
 	Head string `json:"head"`
 	Body []byte `json:"body"`
 	// Size counts the body's bytes, kept or not; Truncated says some were
-	// not kept.
+	// not kept, or the body did not end.
 	Size      int64 `json:"size"`
 	Truncated bool  `json:"truncated,omitempty"`
 }
 
-// capBuf records the first bytes written through a teeWriter.
+// capBuf records a head and the first bytes of its body.
 type capBuf struct {
 	mu    sync.Mutex
+	head  string
 	b     []byte
 	total int64
+	eof   bool // the body was read to its end
 }
 
-func (c *capBuf) record(p []byte) {
+func (c *capBuf) record(p []byte, eof bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.total += int64(len(p))
-	if room := inspectHeadMax + inspectBodyMax - len(c.b); room > 0 {
+	if room := inspectBodyMax - len(c.b); room > 0 {
 		c.b = append(c.b, p[:min(room, len(p))]...)
 	}
+	c.eof = c.eof || eof
 }
 
-func (c *capBuf) reset() {
+// reset starts the record over with head: a request sent again (the
+// transport's retry on a fresh connection) is the one that counts.
+func (c *capBuf) reset(head string, bodyless bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.b, c.total = c.b[:0], 0
+	c.head, c.b, c.total, c.eof = head, c.b[:0], 0, bodyless
 }
 
-// message splits what was recorded into head and body.
 func (c *capBuf) message() Message {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return splitMessage(c.b, c.total)
+	if c.head == "" {
+		return Message{}
+	}
+	return Message{Head: c.head, Body: bytes.Clone(c.b), Size: c.total, Truncated: !c.eof || c.total > int64(len(c.b))}
 }
 
-func splitMessage(b []byte, total int64) Message {
-	i, sep := bytes.Index(b, []byte("\r\n\r\n")), 4
-	if j := bytes.Index(b, []byte("\n\n")); j >= 0 && (i < 0 || j < i) {
-		i, sep = j, 2
-	}
-	if i < 0 {
-		return Message{Head: string(b), Truncated: total > int64(len(b))}
-	}
-	head := b[:i+sep]
-	body := bytes.Clone(b[i+sep:])
-	if len(body) > inspectBodyMax {
-		body = body[:inspectBodyMax]
-	}
-	size := total - int64(len(head))
-	return Message{Head: string(head), Body: body, Size: size, Truncated: size > int64(len(body))}
-}
-
-// teeWriter writes to w and records what w took.
-type teeWriter struct {
-	w io.Writer
+// teeBody records what is read of a body.
+type teeBody struct {
+	io.ReadCloser
 	c *capBuf
 }
 
-func (t teeWriter) Write(p []byte) (int, error) {
-	n, err := t.w.Write(p)
-	t.c.record(p[:n])
+func (t *teeBody) Read(p []byte) (int, error) {
+	n, err := t.ReadCloser.Read(p)
+	t.c.record(p[:n], err == io.EOF)
 	return n, err
 }
 
-// capture is what a relay records for the inspector.
+// capture is what an exchange records for the inspector: the request as it
+// went to the local service, and the response as it came back.
 type capture struct {
-	start     time.Time
 	req, resp capBuf
+	localResp *http.Response // for its trailers, once it has ended
+}
+
+// request records req, the request to the local service.
+func (c *capture) request(req *http.Request) {
+	bodyless := req.Body == nil || req.Body == http.NoBody
+	c.req.reset(requestHead(req), bodyless)
+	if !bodyless {
+		req.Body = &teeBody{ReadCloser: req.Body, c: &c.req}
+	}
+}
+
+// response records resp, the local service's response.
+func (c *capture) response(resp *http.Response) {
+	c.localResp = resp
+	bodyless := resp.Body == nil || resp.Body == http.NoBody
+	c.resp.reset(responseHead(resp), bodyless)
+	if !bodyless {
+		resp.Body = &teeBody{ReadCloser: resp.Body, c: &c.resp}
+	}
+}
+
+// requestHead is req's head in HTTP/1.1 form.
+func requestHead(req *http.Request) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", req.Method, req.URL.RequestURI(), req.Host)
+	h := req.Header.Clone()
+	switch {
+	case req.ContentLength > 0:
+		h.Set("Content-Length", strconv.FormatInt(req.ContentLength, 10))
+	case req.ContentLength < 0 && req.Body != nil && req.Body != http.NoBody:
+		h.Set("Transfer-Encoding", "chunked")
+	}
+	h.Write(&b)
+	b.WriteString("\r\n")
+	return b.String()
+}
+
+// responseHead is resp's head in HTTP/1.1 form.
+func responseHead(resp *http.Response) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "HTTP/%d.%d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.Status)
+	h := resp.Header.Clone()
+	if resp.ContentLength >= 0 {
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	if len(resp.TransferEncoding) > 0 {
+		h.Set("Transfer-Encoding", strings.Join(resp.TransferEncoding, ", "))
+	}
+	h.Write(&b)
+	b.WriteString("\r\n")
+	return b.String()
 }
 
 // Inspector keeps the agent's last exchanges.
@@ -149,6 +193,9 @@ func (in *Inspector) add(c Capture) uint64 {
 	return c.ID
 }
 
+// List returns the kept exchanges, newest first.
+func (in *Inspector) List() []Capture { return in.list() }
+
 // list returns the kept exchanges, newest first.
 func (in *Inspector) list() []Capture {
 	in.mu.Lock()
@@ -171,42 +218,25 @@ func (in *Inspector) get(id uint64) (Capture, bool) {
 	return Capture{}, false
 }
 
-// record keeps the exchange x ran for req, once its request body has gone
-// to the local service: a body still streaming when the response ended is
-// kept when it is done, so that its record is whole.
-func (in *Inspector) record(x *relay, req *head) {
-	method, target := requestLine(req.raw)
+// record keeps the exchange x ran for r, the request from the edge.
+func (in *Inspector) record(x *exchange, r *http.Request) {
 	c := Capture{
-		Start: x.cap.start, Duration: time.Since(x.cap.start),
-		Method: method, Path: target, Status: x.status, Code: x.code,
-		Response: x.cap.resp.message(),
+		Start: x.start, Duration: time.Since(x.start),
+		Method: r.Method, Path: r.URL.RequestURI(), Status: int(x.status.Load()), Code: x.errCode(),
+		Request: x.cap.req.message(), Response: x.cap.resp.message(),
 	}
-	if body := x.body; body != nil {
-		// The head went out before the body did. req's buffer goes back
-		// to its pool when the exchange returns: the goroutine reads only
-		// the record.
-		go func() {
-			<-body // closed when the body goroutine ends, as it does with the exchange's connections
-			c.Request = x.cap.req.message()
-			in.add(c)
-		}()
-		return
+	if resp := x.cap.localResp; resp != nil && mux.IsGRPC(r) {
+		c.GRPCStatus = resp.Trailer.Get("Grpc-Status")
+		if c.GRPCStatus == "" {
+			c.GRPCStatus = resp.Header.Get("Grpc-Status") // a response of trailers only
+		}
 	}
-	c.Request = x.cap.req.message()
 	if c.Request.Head == "" {
 		// Nothing went to the local service (the agent answered itself):
 		// show the head as it came, its body as not kept.
-		c.Request = Message{Head: string(req.raw), Truncated: req.chunked || req.length > 0}
+		c.Request = Message{Head: requestHead(r), Truncated: r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0}
 	}
 	in.add(c)
-}
-
-// requestLine returns a request head's method and target.
-func requestLine(raw []byte) (method, target string) {
-	first, _, _ := firstLine(raw)
-	m, rest, _ := bytes.Cut(first, []byte(" "))
-	t, _, _ := bytes.Cut(rest, []byte(" "))
-	return string(m), string(t)
 }
 
 //go:embed inspect.html
@@ -235,12 +265,6 @@ func (in *Inspector) Handler() http.Handler {
 		if !ok {
 			return
 		}
-		if site := r.Header.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" {
-			// Another web page the browser visits must not replay
-			// requests to the local service.
-			mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "replay refused: asked by another site (" + site + ")"})
-			return
-		}
 		id, err := in.replay(r.Context(), c)
 		if err != nil {
 			mux.WriteJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
@@ -249,7 +273,20 @@ func (in *Inspector) Handler() http.Handler {
 		got, _ := in.get(id)
 		mux.WriteJSON(w, http.StatusOK, got)
 	})
-	return loopbackHost(m)
+	// Another web page the browser visits must not replay requests to the
+	// local service: net/http's cross-origin protection refuses a request
+	// of another site by Sec-Fetch-Site, or by an Origin that is not the
+	// inspector's own.
+	return loopbackHost(sameOrigin(m))
+}
+
+// sameOrigin refuses non-safe requests from another origin.
+func sameOrigin(h http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mux.WriteJSON(w, http.StatusForbidden, map[string]string{"error": "refused: asked by another site (" + r.Header.Get("Origin") + r.Header.Get("Sec-Fetch-Site") + ")"})
+	}))
+	return cop.Handler(h)
 }
 
 // loopbackHost refuses requests whose Host is not a loopback address or
@@ -282,52 +319,44 @@ func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bo
 // errNotWhole refuses to replay a request whose body was not kept whole.
 var errNotWhole = errors.New("the request body was not kept whole (over 64 KiB, or cut short): it cannot be replayed")
 
-// replay sends c's request again to the local service, on a connection of
-// its own, and keeps the exchange as a new capture.
+// replay sends c's request again to the local service and keeps the
+// exchange as a new capture.
 func (in *Inspector) replay(ctx context.Context, c Capture) (uint64, error) {
 	if c.Request.Truncated || c.Request.Head == "" {
 		return 0, errNotWhole
 	}
+	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(c.Request.Head)))
+	if err != nil {
+		return 0, fmt.Errorf("read the kept request: %w", err)
+	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.UpstreamDialTimeout+in.a.cfg.UpstreamTimeout)
 	defer cancel()
-	conn, err := in.a.pool.dial()
+	req = req.WithContext(ctx)
+	req.RequestURI = ""
+	req.URL.Scheme, req.URL.Host = in.a.local.Scheme, in.a.local.Host
+	req.TransferEncoding = nil
+	req.Header.Del("Transfer-Encoding")
+	req.Header.Del("Content-Length")
+	req.ContentLength = int64(len(c.Request.Body))
+	req.Body = http.NoBody
+	if len(c.Request.Body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(c.Request.Body))
+	}
+	var kept capture
+	kept.request(req)
+	resp, err := in.a.transport().RoundTrip(req)
 	if err != nil {
-		return 0, fmt.Errorf("connect to the local service: %w", err)
-	}
-	defer conn.Close()
-	if d, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(d)
-	}
-	var req, resp capBuf
-	if _, err := (teeWriter{conn, &req}).Write(append([]byte(c.Request.Head), c.Request.Body...)); err != nil {
 		return 0, fmt.Errorf("send to the local service: %w", err)
 	}
-	br := bufio.NewReader(io.TeeReader(conn, writerFunc(resp.record)))
-	method, target := requestLine([]byte(c.Request.Head))
-	var status int
-	for {
-		res, err := http.ReadResponse(br, &http.Request{Method: method})
-		if err != nil {
-			return 0, fmt.Errorf("read the local service's response: %w", err)
-		}
-		if res.StatusCode >= 200 || res.StatusCode == http.StatusSwitchingProtocols {
-			status = res.StatusCode
-			io.Copy(io.Discard, io.LimitReader(res.Body, inspectBodyMax+1))
-			res.Body.Close()
-			break
-		}
-	}
+	kept.response(resp)
+	io.Copy(io.Discard, io.LimitReader(resp.Body, inspectBodyMax+1))
+	resp.Body.Close()
 	return in.add(Capture{
-		Start: start, Duration: time.Since(start), Method: method, Path: target, Status: status, Replay: true,
-		Request: req.message(), Response: resp.message(),
+		Start: start, Duration: time.Since(start), Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Replay: true,
+		Request: kept.req.message(), Response: kept.resp.message(),
 	}), nil
 }
-
-// writerFunc records what a TeeReader reads.
-type writerFunc func([]byte)
-
-func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }
 
 // serve serves in on ln until ctx ends.
 func (in *Inspector) serve(ctx context.Context, ln net.Listener) {

@@ -77,7 +77,7 @@ func TestInspector(t *testing.T) {
 	if post.Method != "POST" || post.Path != "/hook?x=1" || string(post.Request.Body) != `{"event":"paid"}` || post.Request.Truncated || post.Request.Size != 16 {
 		t.Errorf("POST capture: %+v", post)
 	}
-	if !put.Request.Truncated || put.Request.Size <= int64(len(big)) || len(put.Request.Body) != inspectBodyMax || put.Status != 200 {
+	if !put.Request.Truncated || put.Request.Size != int64(len(big)) || len(put.Request.Body) != inspectBodyMax || put.Status != 200 {
 		t.Errorf("PUT capture of a 100 KiB chunked body: truncated %v size %d kept %d status %d", put.Request.Truncated, put.Request.Size, len(put.Request.Body), put.Status)
 	}
 
@@ -95,14 +95,20 @@ func TestInspector(t *testing.T) {
 	if code, body = api("POST", "/api/requests/"+strconv.FormatUint(put.ID, 10)+"/replay"); code != http.StatusConflict || !bytes.Contains(body, []byte("not kept whole")) {
 		t.Errorf("replay of a truncated body: %d %s", code, body)
 	}
-	for _, site := range []string{"cross-site", "same-site"} {
-		if code, _ = api("POST", "/api/requests/"+strconv.FormatUint(post.ID, 10)+"/replay", "Sec-Fetch-Site", site); code != http.StatusForbidden {
-			t.Errorf("%s replay: %d, want 403", site, code)
+	for _, hdr := range [][]string{
+		{"Sec-Fetch-Site", "cross-site"}, {"Sec-Fetch-Site", "same-site"},
+		{"Origin", "http://evil.example"}, {"Origin", "http://127.0.0.1:9999"},
+	} {
+		if code, _ = api("POST", "/api/requests/"+strconv.FormatUint(post.ID, 10)+"/replay", hdr...); code != http.StatusForbidden {
+			t.Errorf("replay with %s: %d, want 403", hdr, code)
 		}
 	}
+	if code, _ = api("POST", "/api/requests/"+strconv.FormatUint(post.ID, 10)+"/replay", "Origin", "http://127.0.0.1:4040"); code != 200 {
+		t.Errorf("replay from the inspector's own origin: %d, want 200", code)
+	}
 	mu.Lock()
-	if len(seen) != n {
-		t.Errorf("a refused replay reached the local service: %v", seen[n:])
+	if len(seen) != n+1 {
+		t.Errorf("the local service saw %v after the refused replays and one from the inspector's origin", seen[n:])
 	}
 	mu.Unlock()
 	if code, _ = api("GET", "/api/requests/999"); code != 404 {

@@ -33,13 +33,17 @@ var errLocked = errors.New("instance file locked by a running agent")
 // kept reports an id from an earlier run. Without a subdomain there is no
 // name to take back, and it returns an error.
 func KeepInstance(dir string, cfg Config) (id string, kept bool, release func(), err error) {
-	if cfg.Subdomain == "" {
+	name := cfg.Subdomain
+	if cfg.Hostname != "" {
+		name = "hostname " + cfg.Hostname
+	}
+	if name == "" {
 		return "", false, nil, errors.New("keep instance: no subdomain")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", false, nil, err
 	}
-	sum := sha256.Sum256([]byte(cfg.Edge + "\x00" + cfg.Subdomain + "\x00" + cfg.Token))
+	sum := sha256.Sum256([]byte(cfg.Edge + "\x00" + name + "\x00" + cfg.Token))
 	f, err := os.OpenFile(filepath.Join(dir, hex.EncodeToString(sum[:12])), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return "", false, nil, err

@@ -26,18 +26,28 @@ import (
 )
 
 // relayAgent is an agent that relays to local and nothing else: the tests
-// below play the edge over a loopback TCP connection per exchange.
-func relayAgent(t *testing.T, local string) *Agent {
+// below play the edge, with a loopback TCP connection for each stream.
+func relayAgent(t *testing.T, local string) *relayTester {
 	t.Helper()
 	return relayAgentWith(t, local, Config{}, slog.New(slog.DiscardHandler))
 }
 
+// relayTester is an agent serving the streams of a TCP listener.
+type relayTester struct {
+	*Agent
+	ln   net.Listener
+	held *mux.Tracker
+}
+
 // relayAgentWith is relayAgent with the settings of cfg (New's, with no
 // edge dialled) and a logger.
-func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *Agent {
+func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *relayTester {
 	t.Helper()
 	cfg.Edge, cfg.Local = "localhost:1", local
-	cfg.UpstreamTimeout, cfg.UpstreamDialTimeout = 5*time.Second, 5*time.Second
+	if cfg.UpstreamTimeout == 0 {
+		cfg.UpstreamTimeout = 5 * time.Second
+	}
+	cfg.UpstreamDialTimeout = 5 * time.Second
 	a, err := New(cfg, log)
 	if err != nil {
 		t.Fatal(err)
@@ -45,31 +55,22 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *A
 	if err := a.loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}
-	a.pool.maxIdle = 4
-	a.pool.probeIdle = time.Hour
-	t.Cleanup(a.pool.CloseIdleConnections)
-	return a
-}
-
-// tcpPair returns both ends of a loopback TCP connection, closed when the
-// test ends.
-func tcpPair(t *testing.T) (c, peer net.Conn) {
-	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	c, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err = ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close(); peer.Close() })
-	return c, peer
+	r := &relayTester{Agent: a, ln: ln, held: new(mux.Tracker)}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.serveStreams(ln, r.held)
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		a.wg.Wait()
+		a.transport().CloseIdleConnections()
+	})
+	return r
 }
 
 // deadAddr returns a loopback address nothing listens on.
@@ -84,27 +85,26 @@ func deadAddr(t *testing.T) string {
 	return addr
 }
 
-// exchange is one relayed exchange seen from the edge's side.
-type exchange struct {
-	c    net.Conn
-	br   *bufio.Reader
-	done chan struct{} // closed when the relay has let the exchange go
+// stream is one relayed exchange seen from the edge's side.
+type stream struct {
+	c  net.Conn
+	br *bufio.Reader
+	r  *relayTester
 }
 
-// open starts an exchange: serveStream runs on the far end of c.
-func open(t *testing.T, a *Agent) *exchange {
+// open starts an exchange on a new stream.
+func open(t *testing.T, r *relayTester) *stream {
 	t.Helper()
-	c, st := tcpPair(t)
-	x := &exchange{c: c, br: bufio.NewReader(c), done: make(chan struct{})}
-	var once sync.Once
-	var wg sync.WaitGroup
-	wg.Go(func() { a.serveStream(st, func() { once.Do(func() { close(x.done) }) }) })
-	t.Cleanup(func() { c.Close(); st.Close(); wg.Wait() })
-	return x
+	c, err := net.Dial("tcp", r.ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &stream{c: c, br: bufio.NewReader(c), r: r}
 }
 
 // roundTrip sends req as the edge would and reads the final response.
-func (x *exchange) roundTrip(t *testing.T, req *http.Request) (*http.Response, string, error) {
+func (x *stream) roundTrip(t *testing.T, req *http.Request) (*http.Response, string, error) {
 	t.Helper()
 	go req.Write(x.c)
 	for {
@@ -121,14 +121,14 @@ func (x *exchange) roundTrip(t *testing.T, req *http.Request) (*http.Response, s
 }
 
 // do runs one exchange of method with body on a new stream.
-func do(t *testing.T, a *Agent, method, body string) (*http.Response, string) {
+func do(t *testing.T, r *relayTester, method, body string) (*http.Response, string) {
 	t.Helper()
-	var r io.Reader
+	var rd io.Reader
 	if body != "" {
-		r = strings.NewReader(body)
+		rd = strings.NewReader(body)
 	}
-	req, _ := http.NewRequest(method, "http://app.ngstone.test/", r)
-	resp, got, err := relayOnce(t, a, req)
+	req, _ := http.NewRequest(method, "http://app.ngstone.test/", rd)
+	resp, got, err := relayOnce(t, r, req)
 	if err != nil {
 		t.Fatalf("%s: %v", method, err)
 	}
@@ -136,22 +136,26 @@ func do(t *testing.T, a *Agent, method, body string) (*http.Response, string) {
 }
 
 // relayOnce runs req as one exchange on a new stream, which it then ends
-// as the edge would, and waits for the relay to let it go.
-func relayOnce(t *testing.T, a *Agent, req *http.Request) (*http.Response, string, error) {
+// as the edge would, and waits for the agent to let it go.
+func relayOnce(t *testing.T, r *relayTester, req *http.Request) (*http.Response, string, error) {
 	t.Helper()
-	x := open(t, a)
+	x := open(t, r)
 	resp, got, err := x.roundTrip(t, req)
 	x.c.Close()
 	waitDone(t, x)
 	return resp, got, err
 }
 
-func waitDone(t *testing.T, x *exchange) {
+// waitDone waits until no exchange holds up a drain: the agent let the
+// stream go.
+func waitDone(t *testing.T, x *stream) {
 	t.Helper()
-	select {
-	case <-x.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the relay did not let the exchange go")
+	deadline := time.Now().Add(10 * time.Second)
+	for x.r.held.Count() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not let the exchange go")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -267,10 +271,12 @@ func rawServer(t *testing.T, reply string) (addr string, accepted *atomic.Int32,
 func TestRelayPeerClosedIdleConnection(t *testing.T) {
 	addr, accepted, closed := rawServer(t, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 	a := relayAgent(t, addr)
-	send := func(method, body string) {
-		t.Helper()
-		if resp, got := do(t, a, method, body); resp.StatusCode != 200 || got != "ok" {
-			t.Fatalf("%s: %d %q", method, resp.StatusCode, got)
+	for i := range 3 {
+		// Whether or not the transport has seen the close yet, a GET on
+		// a connection the local service closed is sent again on a new
+		// one.
+		if resp, got := do(t, a, "GET", ""); resp.StatusCode != 200 || got != "ok" {
+			t.Fatalf("request %d: %d %q", i, resp.StatusCode, got)
 		}
 		select {
 		case <-closed:
@@ -278,28 +284,6 @@ func TestRelayPeerClosedIdleConnection(t *testing.T) {
 			t.Fatal("server did not close the connection")
 		}
 	}
-	send("GET", "")
-	// Without a probe, a GET on the dead pooled connection is sent again
-	// on a new one.
-	send("GET", "")
-	// A POST cannot be sent twice: the idle connection is probed first.
-	// The probe sees the close once it has reached this end of the
-	// socket; wait for that, as a later request would.
-	a.pool.probeIdle = 0
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		a.pool.mu.Lock()
-		lc := a.pool.idle[len(a.pool.idle)-1]
-		a.pool.mu.Unlock()
-		if !lc.alive() {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the server's close never reached the pooled connection")
-		}
-		time.Sleep(time.Millisecond)
-	}
-	send("POST", "body")
 	if n := accepted.Load(); n != 3 {
 		t.Errorf("server accepted %d connections, want 3", n)
 	}
@@ -432,14 +416,13 @@ func wantVisitorError(t *testing.T, resp *http.Response, body string, code strin
 
 func TestRelayTimeoutAndAbandon(t *testing.T) {
 	addr, closed := silentServer(t)
-	a := relayAgent(t, addr)
-	a.cfg.UpstreamTimeout = 50 * time.Millisecond
+	a := relayAgentWith(t, addr, Config{UpstreamTimeout: 50 * time.Millisecond}, slog.New(slog.DiscardHandler))
 	resp, body := do(t, a, "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamTimeout)
 
 	// The edge gives an exchange up (its visitor left): the local
 	// request is cut short.
-	a.cfg.UpstreamTimeout = time.Minute
+	a = relayAgentWith(t, addr, Config{UpstreamTimeout: time.Minute}, slog.New(slog.DiscardHandler))
 	for _, body := range []string{"", "body"} {
 		before := closed.Load()
 		req, _ := http.NewRequest("POST", "http://app.ngstone.test/", strings.NewReader(body))
@@ -464,20 +447,25 @@ func TestRelayLocalErrors(t *testing.T) {
 	resp, body := do(t, relayAgent(t, dead), "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
 
-	for name, reply := range map[string]string{
-		"not HTTP":         "SSH-2.0-OpenSSH\r\n\r\n",
-		"bad length":       "HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-		"two lengths":      "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
-		"gzip framing":     "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-		"unasked upgrade":  "HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
-		"nothing at all":   "",
-		"folded header":    "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n",
-		"space before `:`": "HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n",
+	for name, tc := range map[string]struct{ reply, code string }{
+		"not HTTP":          {"SSH-2.0-OpenSSH\r\n\r\n", mux.CodeBadResponse},
+		"bad length":        {"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", mux.CodeBadResponse},
+		"signed length":     {"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello", mux.CodeBadResponse},
+		"two lengths":       {"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab", mux.CodeBadResponse},
+		"gzip framing":      {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", mux.CodeBadResponse},
+		"gzip then chunked": {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", mux.CodeBadResponse},
+		"NUL in a value":    {"HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n", mux.CodeBadResponse},
+		"unasked upgrade":   {"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n", mux.CodeBadResponse},
+		"nothing at all":    {"", mux.CodeUpstreamUnreachable},
+		// net/http reads these two (the fold as one value, the name
+		// without its space); the agent passes on what it read.
+		"folded header":    {"HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 0\r\n\r\n", ""},
+		"space before `:`": {"HTTP/1.1 200 OK\r\nContent-Length : 0\r\n\r\n", ""},
 	} {
-		addr, _, _ := rawServer(t, reply)
+		addr, _, _ := rawServer(t, tc.reply)
 		resp, body := do(t, relayAgent(t, addr), "GET", "")
-		if resp.Header.Get(mux.ErrorHeader) != mux.CodeUpstreamUnreachable {
-			t.Errorf("%s: %d %q, want 502 upstream_unreachable", name, resp.StatusCode, body)
+		if resp.Header.Get(mux.ErrorHeader) != tc.code {
+			t.Errorf("%s: %d %s=%q %q, want %d %s", name, resp.StatusCode, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader), body, mux.VisitorStatus(tc.code), tc.code)
 		}
 	}
 
@@ -562,86 +550,19 @@ func TestLocalFailureWarnings(t *testing.T) {
 	}
 }
 
-// TestRelayWatchedExchangeKeepsConnection: an exchange that outlives
-// watchAfter has a goroutine watching its stream, which sees the edge end
-// the stream as soon as the edge has read the response. That must not
-// cost the local connection, however the two race: here every exchange is
-// watched from its start, and the edge ends each stream the moment the
-// response is in.
-func TestRelayWatchedExchangeKeepsConnection(t *testing.T) {
+// TestExchangesShareLocalConnection: exchanges one after another, each on
+// a stream the edge ends the moment the response is in, share one local
+// connection.
+func TestExchangesShareLocalConnection(t *testing.T) {
 	s, conns := countingServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	a := relayAgent(t, s.URL)
-	a.watchAfter = 0
 	for i := range 200 {
 		if resp, got := do(t, a, "GET", ""); resp.StatusCode != 200 || got != "ok" {
 			t.Fatalf("request %d: %d %q", i, resp.StatusCode, got)
 		}
 	}
 	if n := conns.Load(); n != 1 {
-		t.Errorf("200 watched requests used %d connections, want 1", n)
-	}
-}
-
-// TestSocketIdle: the probe of a pooled connection tells an idle socket
-// from one with bytes waiting (which it leaves unread) and from one the
-// peer closed, at once and every time.
-func TestSocketIdle(t *testing.T) {
-	c, peer := tcpPair(t)
-	lc := &localConn{Conn: c}
-	for range 100 {
-		if !lc.alive() {
-			t.Fatal("an idle connection was reported closed")
-		}
-	}
-	// until reports whether want came within a bounded wait (the bytes
-	// or the FIN cross loopback in the kernel, not at once).
-	until := func(want bool) bool {
-		for range 5000 {
-			if lc.alive() == want {
-				return true
-			}
-			time.Sleep(time.Millisecond)
-		}
-		return false
-	}
-	peer.Write([]byte("x"))
-	if !until(false) {
-		t.Fatal("a connection with a byte waiting was reported idle")
-	}
-	var b [1]byte
-	if n, err := c.Read(b[:]); n != 1 || b[0] != 'x' || err != nil {
-		t.Fatalf("the probe consumed the waiting byte: %d %q %v", n, b[:n], err)
-	}
-	if !until(true) {
-		t.Fatal("idle again, the connection was reported closed")
-	}
-	peer.Close()
-	if !until(false) {
-		t.Fatal("a connection the peer closed was reported idle")
-	}
-	for range 100 {
-		if lc.alive() {
-			t.Fatal("a closed connection was later reported idle")
-		}
-	}
-}
-
-// TestPoolClosedKeepsNothing: a connection given back after the pool was
-// closed (an exchange that outlived Run) is closed, not kept.
-func TestPoolClosedKeepsNothing(t *testing.T) {
-	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {})
-	a := relayAgent(t, s.URL)
-	lc, _, err := a.pool.conn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.pool.CloseIdleConnections()
-	a.pool.put(lc)
-	if len(a.pool.idle) != 0 {
-		t.Fatal("a closed pool kept a connection")
-	}
-	if _, err := lc.Write([]byte("GET / HTTP/1.1\r\n\r\n")); !errors.Is(err, net.ErrClosed) {
-		t.Fatalf("write on the given-back connection: %v, want it closed", err)
+		t.Errorf("200 requests used %d connections, want 1", n)
 	}
 }
 

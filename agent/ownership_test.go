@@ -1,11 +1,13 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
-	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -103,7 +105,7 @@ func testPartitionGetsNameBack(t *testing.T, store string) {
 	t.Logf("network return to first successful visitor request: %s", took.Round(time.Millisecond))
 
 	tn := tunnel(t, e, host)
-	if tn.InstanceID != a.InstanceID() || tn.SessionID == before.SessionID || tn.Generation <= before.Generation || !tn.Online {
+	if tn.InstanceID != mux.InstanceDigest(a.InstanceID()) || tn.SessionID == before.SessionID || tn.Generation <= before.Generation || !tn.Online {
 		t.Fatalf("after return: %+v; before: session %d generation %d instance %s", tn, before.SessionID, before.Generation, a.InstanceID())
 	}
 	if took > 5*time.Second {
@@ -134,7 +136,7 @@ func testDifferentAgentRefusedWhileLive(t *testing.T, store string) {
 	if st := other.Status(); st.State != agent.StateFailed {
 		t.Errorf("second agent state %s", st.State)
 	}
-	if tn := tunnel(t, e, "taken."+tunneltest.Domain); tn.InstanceID != a.InstanceID() {
+	if tn := tunnel(t, e, "taken."+tunneltest.Domain); tn.InstanceID != mux.InstanceDigest(a.InstanceID()) {
 		t.Errorf("holder changed: %+v", tn)
 	}
 }
@@ -185,7 +187,7 @@ func testStaleHolderTakenOver(t *testing.T, store string) {
 	tunneltest.Eventually(t, 5*time.Second, "the old session to be gone", func() bool { return e.Sessions() == 1 })
 	time.Sleep(2 * cfg.HeartbeatTimeout) // past the offline grace of the old session's bindings
 	tn := tunnel(t, e, host)
-	if tn.InstanceID != newer.InstanceID() || tn.Generation != st.Generation || !tn.Online {
+	if tn.InstanceID != mux.InstanceDigest(newer.InstanceID()) || tn.Generation != st.Generation || !tn.Online {
 		t.Fatalf("new owner's binding disturbed: %+v (want generation %d)", tn, st.Generation)
 	}
 	if code, _ := quickGet(e.Client(), tunneltest.URL("https", "stale", "/hello")); code != 200 {
@@ -270,7 +272,13 @@ func testRepeatedResets(t *testing.T, store string) {
 		})
 		if i == 0 {
 			tunneltest.Eventually(t, 5*time.Second, "one session", func() bool { return e.Sessions() == 1 })
-			base = runtime.NumGoroutine()
+			// The agent keeps a connection to the local service (two
+			// goroutines of net/http's) once it has served a request.
+			if code, _ := quickGet(c, tunneltest.URL("https", "resets", "/hello")); code != 200 {
+				t.Fatalf("not serving: %d", code)
+			}
+			c.CloseIdleConnections()
+			base = tunneltest.Goroutines()
 		}
 	}
 	tunneltest.Eventually(t, 5*time.Second, "exactly one session", func() bool { return e.Sessions() == 1 })
@@ -283,7 +291,7 @@ func testRepeatedResets(t *testing.T, store string) {
 	}
 	c.CloseIdleConnections()
 	tunneltest.Eventually(t, 5*time.Second, "goroutines back to their level", func() bool {
-		return runtime.NumGoroutine() <= base+5
+		return tunneltest.Goroutines() <= base+5
 	})
 }
 
@@ -351,3 +359,60 @@ func testSameInstanceRace(t *testing.T, store string) {
 		s2.YS.Close()
 	}
 }
+
+// TestShownInstanceCannotTakeName: everything the admin API and the
+// agent's own logs show of an instance (its digest), presented in a hello
+// with the agent's token, does not take a live name over: the edge refuses
+// subdomain_taken. The agent's own reconnect still takes it back at once.
+func TestShownInstanceCannotTakeName(t *testing.T) { eachStore(t, testShownInstanceCannotTakeName) }
+
+func testShownInstanceCannotTakeName(t *testing.T, store string) {
+	b := tunneltest.StartBackend(t)
+	cfg := edgeConfig(t, store)
+	cfg.Tokens = []string{"shared"}
+	e := tunneltest.StartEdge(t, cfg)
+	p := newProxy(t, e)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac.Subdomain, ac.Token, ac.LogRequests = "mine", "shared", true
+	a, err := agent.New(ac, slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) { mu.Lock(); logs.Write(p); mu.Unlock() }), nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	tunneltest.Eventually(t, 10*time.Second, "online", func() bool { return a.Status().State == agent.StateOnline })
+	quickGet(e.Client(), tunneltest.URL("https", "mine", "/hello"))
+
+	shown := tunnel(t, e, "mine."+tunneltest.Domain).InstanceID
+	mu.Lock()
+	logged := logs.String()
+	mu.Unlock()
+	if strings.Contains(logged, a.InstanceID()) || !strings.Contains(logged, shown) || shown == a.InstanceID() || a.Status().InstanceID != shown {
+		t.Fatalf("the instance id is shown: admin %s, status %s, logs contain the id %v", shown, a.Status().InstanceID, strings.Contains(logged, a.InstanceID()))
+	}
+	r, m := e.DialRaw(t, &mux.Hello{Version: mux.Version, InstanceID: shown, Token: "shared"})
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if got := r.Bind(t, &mux.Bind{Subdomain: "mine", Takeover: true}); got.(*mux.BindError).Code != mux.CodeSubdomainTaken {
+		t.Fatalf("a hello with the shown digest took the name: %+v", got)
+	}
+	before := tunnel(t, e, "mine."+tunneltest.Domain)
+	p.Reset()
+	tunneltest.Eventually(t, 10*time.Second, "the agent back on a new session", func() bool {
+		st := a.Status()
+		return st.State == agent.StateOnline && st.SessionID != before.SessionID
+	})
+	if after := tunnel(t, e, "mine."+tunneltest.Domain); after.InstanceID != shown || after.Generation <= before.Generation {
+		t.Fatalf("after the reconnect: %+v, before %+v", after, before)
+	}
+}
+
+// writerFunc is an io.Writer of a function.
+type writerFunc func([]byte)
+
+func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }

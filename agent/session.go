@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -197,9 +198,13 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	switch m := msg.(type) {
 	case *mux.HelloOK:
 		c.id = m.SessionID
+		a.useResponseHeadLimit(m.MaxResponseHead)
+		if err := a.edgeDoes(m.Features); err != nil {
+			return err
+		}
 	case *mux.Error:
 		if mux.Retryable(m.Code) {
-			return fmt.Errorf("hello: %s", m.Message)
+			return &retryError{err: fmt.Errorf("hello: %s", m.Message), after: time.Duration(m.RetryAfterMS) * time.Millisecond}
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	default:
@@ -213,7 +218,11 @@ func (c *conn) bind(takeover bool) error {
 	a.mu.Lock()
 	name := a.subdomain
 	a.mu.Unlock()
-	if err := mux.Write(c.ctrl, &mux.Bind{Subdomain: name, Takeover: takeover}); err != nil {
+	bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: a.cfg.AllowCIDR, DenyCIDR: a.cfg.DenyCIDR}
+	if a.cfg.Hostname != "" {
+		bind.Subdomain, bind.Hostname = "", a.cfg.Hostname
+	}
+	if err := mux.Write(c.ctrl, bind); err != nil {
 		return fmt.Errorf("bind: %w", err)
 	}
 	msg, err := mux.Read(c.ctrl)
@@ -223,9 +232,11 @@ func (c *conn) bind(takeover bool) error {
 	switch m := msg.(type) {
 	case *mux.BindOK:
 		c.hostname = m.Hostname
-		a.mu.Lock()
-		a.subdomain = label(m.Hostname)
-		a.mu.Unlock()
+		if a.cfg.Hostname == "" {
+			a.mu.Lock()
+			a.subdomain = label(m.Hostname) // a random name is kept for the rebinds
+			a.mu.Unlock()
+		}
 		a.setStatus(func(s *Status) {
 			s.State, s.Hostname, s.URL, s.URLs = StateOnline, m.Hostname, m.URL, m.URLs
 			s.Generation, s.SessionID, s.Attempt, s.NextRetry, s.Err = m.Generation, c.id, 0, time.Time{}, nil
@@ -239,6 +250,25 @@ func (c *conn) bind(takeover bool) error {
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	}
 	return fmt.Errorf("bind: unexpected %s", msg.MessageType())
+}
+
+// edgeDoes checks that the edge does what this agent's settings need:
+// an older edge would bind another name than --hostname asks, or let in
+// visitors --allow-cidr keeps out.
+func (a *Agent) edgeDoes(features []string) error {
+	need := map[string]string{}
+	if a.cfg.Hostname != "" {
+		need[mux.FeatureHostname] = "--hostname"
+	}
+	if len(a.cfg.AllowCIDR)+len(a.cfg.DenyCIDR) > 0 {
+		need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+	}
+	for f, flag := range need {
+		if !slices.Contains(features, f) {
+			return &RefusedError{Code: "unsupported", Message: "this edge does not support " + flag + ": upgrade the edge, or run without"}
+		}
+	}
+	return nil
 }
 
 // run serves the session until ctx ends or the session ends.
@@ -380,12 +410,12 @@ func (c *conn) drain() {
 // the session closes. An exchange holds up the drain from accept to its
 // end; an upgraded one no longer does.
 func (c *conn) serveStreams() {
-	for {
-		st, err := c.ys.AcceptStream()
-		if err != nil {
-			return
-		}
-		c.streams.Add()
-		go c.a.serveStream(st, c.streams.Done)
-	}
+	c.a.serveStreams(sessionListener{c.ys}, &c.streams)
 }
+
+// sessionListener accepts the edge's streams; the session's owner closes it.
+type sessionListener struct{ ys *yamux.Session }
+
+func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream() }
+func (l sessionListener) Close() error              { return nil }
+func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -15,27 +14,6 @@ import (
 
 	"github.com/ngstone/ngstone/mux"
 )
-
-// newPool returns the pool of connections to the local service: plain TCP
-// for http://, TLS (HTTP/1.1) for https://, the local certificate verified
-// against the system's roots, the roots of --upstream-ca-file once Run has
-// read it (loadUpstreamCA), or not at all with --upstream-insecure.
-func (a *Agent) newPool() *localPool {
-	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
-	addr := hostPort(a.local)
-	dial := func() (net.Conn, error) { return dialer.Dial("tcp", addr) }
-	if a.local.Scheme == "https" {
-		a.upstreamTLS = &tls.Config{ServerName: a.local.Hostname(), InsecureSkipVerify: a.cfg.UpstreamInsecure}
-		td := &tls.Dialer{NetDialer: dialer, Config: a.upstreamTLS}
-		dial = func() (net.Conn, error) { return td.DialContext(context.Background(), "tcp", addr) }
-	}
-	return &localPool{
-		dial:        dial,
-		maxIdle:     256,
-		idleTimeout: 90 * time.Second,
-		probeIdle:   defaultProbeIdle,
-	}
-}
 
 // hostPort is u's HOST:PORT, with the scheme's port if u names none.
 func hostPort(u *url.URL) string {
@@ -85,6 +63,24 @@ type localFailures struct {
 	mu     sync.Mutex
 	last   time.Time
 	unsaid int
+}
+
+// strayBytes warns, at most once every localWarnEvery, of a connection to
+// the local service that received bytes nobody asked for.
+func (a *Agent) strayBytes() {
+	f := &a.strays
+	f.mu.Lock()
+	now := time.Now()
+	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
+		f.unsaid++
+		f.mu.Unlock()
+		return
+	}
+	unsaid := f.unsaid
+	f.last, f.unsaid = now, 0
+	f.mu.Unlock()
+	a.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
+		"local", a.local.String(), "times_not_logged", unsaid)
 }
 
 // localFailed logs a request the local service failed, as a warning with a

@@ -42,7 +42,6 @@ type bench struct {
 	ca     *x509.CertPool
 	peers  []*peer
 	rows   []row
-	notes  []string
 }
 
 // row is one line of the table; direct and ratio are empty when there is

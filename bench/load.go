@@ -37,7 +37,7 @@ func backendHandler() http.Handler {
 	h := http.NewServeMux()
 	h.HandleFunc("GET /small", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
-		if r.URL.RawQuery == "at" {
+		if r.URL.Query().Has("at") {
 			// When the request arrived, for the WAN bench's two legs.
 			w.Header().Set("Bench-At", strconv.FormatInt(time.Now().UnixNano(), 10))
 		}

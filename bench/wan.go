@@ -520,6 +520,14 @@ func mbpsList(xs []float64) string {
 	return strings.Join(s, ", ") + " MB/s"
 }
 
+// rates is the median and each of a list of transfer rates.
+func rates(xs []float64) string {
+	if len(xs) == 0 {
+		return ""
+	}
+	return mbps(medianOf(xs)) + " (" + mbpsList(xs) + ")"
+}
+
 func secs(d time.Duration) string { return fmt.Sprintf("%.3f s", d.Seconds()) }
 
 func medianOf(xs []float64) float64 {
@@ -548,8 +556,8 @@ func (w *wanBench) print(out io.Writer) {
 		if r.err != nil {
 			errs = " (" + strings.ReplaceAll(r.err.Error(), "\n", "; ") + ")"
 		}
-		fmt.Fprintf(out, "| %s | %s%s | %s (%s) | %s (%s) | %s | %s | %s / %s |\n", r.profile, r.subject, errs,
-			mbps(medianOf(r.down)), mbpsList(r.down), mbps(medianOf(r.up)), mbpsList(r.up), behind, rate, mib(r.rssServer), mib(r.rssClient))
+		fmt.Fprintf(out, "| %s | %s%s | %s | %s | %s | %s | %s / %s |\n", r.profile, r.subject, errs,
+			rates(r.down), rates(r.up), behind, rate, mib(r.rssServer), mib(r.rssClient))
 	}
 	if len(w.outages) == 0 {
 		return

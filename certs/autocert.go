@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -29,9 +30,15 @@ import (
 // minutes later. What stays is the closed autocert.Manager in memory, held
 // by its timers.
 type autocertMode struct {
-	cfg   Config
-	log   *slog.Logger
-	allow HostPolicy
+	cfg    Config
+	log    *slog.Logger
+	allow  HostPolicy
+	counts *counters
+	// book holds the hosts whose issuance failed: their handshakes are
+	// refused until the backoff passes (autocert itself would try again
+	// a minute later, at the next handshake).
+	book   *retryBook
+	noHTTP bool // no plain listener: TLS-ALPN-01 only
 
 	m      atomic.Pointer[autocert.Manager] // set by start
 	http01 atomic.Pointer[http.Handler]     // set by start
@@ -43,12 +50,16 @@ type autocertMode struct {
 	expiry map[string]time.Time // by host, as last served
 }
 
-func newAutocert(cfg Config, log *slog.Logger, allow HostPolicy) (*autocertMode, error) {
+func newAutocert(cfg Config, log *slog.Logger, allow HostPolicy, counts *counters) (*autocertMode, error) {
 	if err := checkACMEURL(cfg.ACMECA); err != nil {
 		return nil, fmt.Errorf("tls-mode autocert: %w", err)
 	}
-	return &autocertMode{cfg: cfg, log: log, allow: allow, expiry: map[string]time.Time{}}, nil
+	return &autocertMode{cfg: cfg, log: log, allow: allow, counts: counts, expiry: map[string]time.Time{}}, nil
 }
+
+// useListeners: without a plain listener HTTP-01 is not offered (autocert
+// never listens itself).
+func (a *autocertMode) useListeners(httpAddr, _ net.Addr) { a.noHTTP = httpAddr == nil }
 
 func (a *autocertMode) start(ctx context.Context) error {
 	roots, err := loadRoots(a.cfg.ACMECARoot)
@@ -62,8 +73,12 @@ func (a *autocertMode) start(ctx context.Context) error {
 	a.client = acmeHTTPClient(roots)
 	a.tr = a.client.Transport.(*http.Transport)
 	a.client.Transport = closableTransport{a.tr, &a.closed}
+	a.book = newRetryBook(filepath.Join(a.cfg.DataDir, RetryFile), a.cfg.RetryBase, a.cfg.RetryMax, settingsDigest(a.cfg), a.log)
+	a.book.load(time.Now())
 	if err := checkDirectory(ctx, dir, roots); err != nil {
-		return err
+		// Not fatal: certificates are requested at handshakes, and the
+		// CA may be back by then.
+		a.log.Warn("ACME directory not reachable now; certificates are requested at the first handshake of each name", "err", err)
 	}
 	m := &autocert.Manager{
 		Prompt:     autocert.AcceptTOS,
@@ -72,15 +87,19 @@ func (a *autocertMode) start(ctx context.Context) error {
 		Email:      a.cfg.ACMEEmail,
 		Client:     &acme.Client{DirectoryURL: dir, HTTPClient: a.client, UserAgent: "ngstone"},
 	}
-	// Asking for the handler now tells autocert that HTTP-01 is served (the
-	// edge always has its plain listener), so it may use either challenge.
-	h := m.HTTPHandler(nil)
-	a.http01.Store(&h)
+	// Asking for the handler tells autocert that HTTP-01 is served on the
+	// plain listener, so it may use either challenge.
+	if !a.noHTTP {
+		h := m.HTTPHandler(nil)
+		a.http01.Store(&h)
+	}
 	a.m.Store(m)
 	a.log.Info("autocert ready; certificates are issued at first handshake", "acme_ca", dir)
 	return nil
 }
 
+// policy is autocert's HostPolicy, for handshakes and for HTTP-01
+// requests, whose Host may carry a port (allowHost ignores it).
 func (a *autocertMode) policy(ctx context.Context, host string) error {
 	if err := a.allow(ctx, host); err != nil {
 		a.log.Debug("autocert refused host", "host", host, "err", err)
@@ -94,17 +113,53 @@ func (a *autocertMode) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certific
 	if m == nil {
 		return nil, errNotStarted
 	}
+	host := hostOnly(hello.ServerName)
+	challenge := isALPNChallenge(hello)
+	if !challenge {
+		if due, _ := a.book.due(host, time.Now()); !due {
+			e, _ := a.book.entry(host)
+			return nil, fmt.Errorf("%w for %s: %s", ErrBackoff, host, describeRetry(e))
+		}
+	}
 	cert, err := m.GetCertificate(hello)
 	if err != nil {
-		a.log.Debug("autocert handshake failed", "host", hello.ServerName, "err", err)
+		if !challenge && !errors.Is(err, ErrHostNotAllowed) {
+			a.failed(host, err)
+		}
 		return nil, err
 	}
 	if cert.Leaf != nil && hello.ServerName != "" {
-		a.mu.Lock()
-		a.expiry[hello.ServerName] = cert.Leaf.NotAfter
-		a.mu.Unlock()
+		a.served(host, cert.Leaf.NotAfter)
 	}
 	return cert, nil
+}
+
+// failed records a failed issuance for host and says so at warn: agents
+// and visitors only see a TLS alert.
+func (a *autocertMode) failed(host string, err error) {
+	a.counts.attempt(KindObtain)
+	e := a.book.fail(host, KindObtain, err, time.Now())
+	a.counts.failure(KindObtain, e.Reason)
+	a.log.Warn("autocert could not obtain a certificate; handshakes for it are refused until the next attempt",
+		"host", host, "reason", e.Reason, "err", err, "failures", e.Failures, "next_attempt", e.NextAttempt.UTC().Format(time.RFC3339))
+}
+
+func (a *autocertMode) served(host string, notAfter time.Time) {
+	a.mu.Lock()
+	_, known := a.expiry[host]
+	a.expiry[host] = notAfter
+	a.mu.Unlock()
+	if _, failing := a.book.entry(host); failing || !known {
+		a.counts.attempt(KindObtain)
+	}
+	a.book.succeed(host, time.Now())
+}
+
+func (a *autocertMode) nextAttempt() time.Time {
+	if a.book == nil {
+		return time.Time{}
+	}
+	return a.book.nextAttempt()
 }
 
 func (a *autocertMode) httpHandler(next http.Handler) http.Handler {

@@ -2,9 +2,11 @@ package certs
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net/http"
 	"testing"
+	"time"
 )
 
 // TestAutocert issues a certificate for a bound host through pebble, which
@@ -76,16 +78,29 @@ func checkAutocertInert(t *testing.T, m *Manager, dirURL string) {
 }
 
 // TestAutocertBadCARoot: an ACME server not trusted through acme-ca-root
-// stops Start with an error naming the setting.
+// does not stop Start (the CA is asked at handshakes); the handshake that
+// needs a certificate fails, is counted with its reason, and the next one
+// within the backoff is refused at once without asking the CA again.
 func TestAutocertBadCARoot(t *testing.T) {
 	t.Parallel()
 	_, p := startACME(t, 0, 0)
-	cfg := Config{Mode: ModeAutocert, Domain: testDomain, DataDir: t.TempDir(), ACMECA: p.DirectoryURL}
-	_, err := startManager(t, cfg, nil)
-	if err == nil {
-		t.Fatal("Start succeeded against an untrusted ACME server")
+	cfg := Config{Mode: ModeAutocert, Domain: testDomain, DataDir: t.TempDir(), ACMECA: p.DirectoryURL, RetryBase: time.Hour}
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatalf("Start failed on an untrusted ACME server: %v", err)
 	}
-	if want := "tls-mode autocert: acme-ca " + p.DirectoryURL; !contains(err.Error(), want) {
-		t.Errorf("error %q does not start with %q", err, want)
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	host := "app." + testDomain
+	if _, _, err := get(t, p.Roots, ln.Addr().String(), host); err == nil {
+		t.Fatal("handshake succeeded without a certificate")
+	}
+	if st := m.Stats(); !hasCount(st.Failures, KindObtain, ReasonACMEUnreachable) || st.NextAttempt.Before(time.Now().Add(30*time.Minute)) {
+		t.Errorf("Stats() = %+v; want an acme_unreachable failure and a next attempt an hour away", st)
+	}
+	a := m.p.(*autocertMode)
+	_, err = a.getCertificate(&tls.ClientHelloInfo{ServerName: host})
+	if !errors.Is(err, ErrBackoff) || !contains(err.Error(), "x509") {
+		t.Errorf("second handshake: %v; want ErrBackoff naming the certificate error", err)
 	}
 }

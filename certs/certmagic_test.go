@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -30,7 +32,12 @@ func acmeConfig(t *testing.T, p *acmetest.CA, d *acmetest.DNS) Config {
 
 func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error) {
 	t.Helper()
-	m, err := New(cfg, testLogger(t), policy)
+	return startLogged(t, cfg, policy, testLogger(t))
+}
+
+func startLogged(t *testing.T, cfg Config, policy HostPolicy, log *slog.Logger) (*Manager, error) {
+	t.Helper()
+	m, err := New(cfg, log, policy)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -38,6 +45,59 @@ func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	return m, m.Start(ctx)
+}
+
+// serveReady starts m from cfg, waits for its certificates and serves it
+// on a loopback listener.
+func serveReady(t *testing.T, cfg Config, policy HostPolicy) (*Manager, net.Listener) {
+	t.Helper()
+	m, err := startManager(t, cfg, policy)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	waitReady(t, m)
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	return m, ln
+}
+
+// waitReady waits until m has a valid certificate for every name it
+// obtains in advance.
+func waitReady(t *testing.T, m *Manager) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for m.Status() != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("certificates not ready within 60s: %v", m.Status())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitStatus waits until m.Status() mentions every one of want, and
+// returns it.
+func waitStatus(t *testing.T, m *Manager, want ...string) error {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		err := m.Status()
+		if err != nil && containsAll(err.Error(), want...) {
+			return err
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Status() = %v; want an error mentioning %q", err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestCertmagicWildcardDNS01 obtains *.DOMAIN and DOMAIN from pebble through
@@ -50,12 +110,7 @@ func TestCertmagicWildcardDNS01(t *testing.T) {
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSRFC2136
 	cfg.DNSCredentials = d.RFC2136Credentials()
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveReady(t, cfg, nil)
 
 	for _, host := range []string{"app." + testDomain, testDomain} {
 		body, leaf, err := get(t, p.Roots, ln.Addr().String(), host)
@@ -91,35 +146,49 @@ func TestCertmagicCloudflare(t *testing.T) {
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL}
 	cfg.DNSPropagationTimeout = -time.Second // pebble's own lookup still checks the record
 	cfg.getenv = fakeEnv(map[string]string{"CLOUDFLARE_API_TOKEN_FILE": tokenFile})
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	_, ln := serveReady(t, cfg, nil)
 	if _, _, err := get(t, p.Roots, ln.Addr().String(), "app."+testDomain); err != nil {
 		t.Fatalf("GET: %v", err)
 	}
 }
 
-// TestCertmagicBadTokenStopsStart: a DNS token the provider refuses makes
-// Start fail, naming the mode and the provider.
-func TestCertmagicBadTokenStopsStart(t *testing.T) {
+// TestCertmagicBadTokenKeepsServing: a DNS token the provider refuses
+// does not stop Start; Status names the mode's provider and the refusal,
+// a handshake is refused at once with ErrNoCertificate, and the failure
+// is counted by reason.
+func TestCertmagicBadTokenKeepsServing(t *testing.T) {
 	t.Parallel()
 	d, p := startACME(t, 0, 0)
 	api := startFakeCloudflare(t, d, "good-token")
 	cfg := acmeConfig(t, p, d)
 	cfg.DNSProvider = DNSCloudflare
 	cfg.DNSCredentials = map[string]string{"base_url": api.URL, "api_token": "wrong"}
-	_, err := startManager(t, cfg, nil)
-	if err == nil {
-		t.Fatal("Start succeeded with a wrong token")
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatalf("Start failed on a refused token: %v", err)
 	}
-	for _, want := range []string{"tls-mode certmagic", "dns-provider cloudflare", "Authentication error"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error %q does not mention %q", err, want)
+	st := waitStatus(t, m, "dns-provider cloudflare", "Authentication error", ReasonDNSAuth, "next attempt at")
+	if !errors.Is(st, ErrNoCertificate) {
+		t.Errorf("Status() = %v, want ErrNoCertificate", st)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	if _, _, err := get(t, p.Roots, ln.Addr().String(), "app."+testDomain); err == nil {
+		t.Fatal("handshake succeeded without a certificate")
+	}
+	stats := m.Stats()
+	if !hasCount(stats.Failures, KindObtain, ReasonDNSAuth) || !hasCount(stats.Refused, "", RefusedNoCertificate) || stats.NextAttempt.IsZero() {
+		t.Errorf("Stats() = %+v; want an obtain failure for dns_auth, a no_certificate refusal and a next attempt", stats)
+	}
+}
+
+func hasCount(cs []Count, kind, reason string) bool {
+	for _, c := range cs {
+		if c.Kind == kind && c.Reason == reason && c.N > 0 {
+			return true
 		}
 	}
+	return false
 }
 
 // TestCertmagicOnDemand issues a certificate at the first handshake of a
@@ -133,12 +202,7 @@ func TestCertmagicOnDemand(t *testing.T) {
 	cfg.DNSPropagationTimeout = -time.Second
 	cfg.OnDemand = true
 	bound := "app." + testDomain
-	m, err := startManager(t, cfg, allowOnly(bound))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveReady(t, cfg, allowOnly(bound))
 
 	_, leaf, err := get(t, p.Roots, ln.Addr().String(), bound)
 	if err != nil {
@@ -157,14 +221,21 @@ func TestCertmagicOnDemand(t *testing.T) {
 	}
 }
 
-// TestOnDemandRateLimit: past the limit, an allowed hostname is refused.
+// TestOnDemandRateLimit: past the limit, an allowed hostname is refused;
+// a name the policy refuses (no tunnel bound to it) is refused first.
 func TestOnDemandRateLimit(t *testing.T) {
 	cfg := Config{Mode: ModeCertmagic, Domain: testDomain, OnDemand: true, OnDemandRateLimit: 1, OnDemandRateWindow: time.Hour}
-	m, err := New(cfg, nil, nil)
+	m, err := New(cfg, nil, func(_ context.Context, host string) error {
+		if strings.HasSuffix(host, "."+testDomain) {
+			return nil
+		}
+		return errors.New("no tunnel is bound to " + host)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := m.p.(*certmagicMode)
+	c.book = newRetryBook("", 0, 0, "", testLogger(t))
 	ctx := context.Background()
 	if err := c.decide(ctx, "a."+testDomain); err != nil {
 		t.Fatalf("first: %v", err)
@@ -173,7 +244,7 @@ func TestOnDemandRateLimit(t *testing.T) {
 		t.Fatalf("second: %v, want ErrRateLimited", err)
 	}
 	if err := c.decide(ctx, "a.other.example"); !errors.Is(err, ErrHostNotAllowed) {
-		t.Fatalf("outside domain: %v, want ErrHostNotAllowed", err)
+		t.Fatalf("a name nothing is bound to: %v, want ErrHostNotAllowed", err)
 	}
 }
 

@@ -13,12 +13,17 @@
 //   - self-signed: a CA made once under the data directory (ca.pem), and a
 //     leaf for DOMAIN, *.DOMAIN, localhost, 127.0.0.1 and ::1, for development.
 //
-// Its invariant: New does no I/O; Start makes, loads or obtains every
-// certificate the mode can know in advance before it returns, so a
-// misconfigured edge fails at start-up with an error naming the mode and
-// the setting, never at a visitor's handshake. Hostnames issued at a
+// Its invariant: New does no I/O and refuses every setting it can check
+// without I/O, naming the mode and the setting. Start never waits for, and
+// never fails on, a CA or DNS provider: the ACME modes serve what storage
+// holds at once and obtain or renew in the background, backing off after
+// each failure (RetryBase doubling up to RetryMax, or later if the CA says
+// so), across restarts too (RetryFile under DataDir). A handshake for a
+// name with no valid certificate is refused at once with ErrNoCertificate,
+// counted and logged; Status says why, for /healthz. Hostnames issued at a
 // handshake (on-demand, autocert) are issued only if the HostPolicy allows
-// them.
+// them, and never while their backoff runs. Challenges are answered only
+// on the edge's own listeners (UseListeners): no mode opens a socket.
 package certs
 
 import (
@@ -28,6 +33,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -56,8 +62,13 @@ type Config struct {
 	// under DataDir/certmagic, autocert's cache under DataDir/autocert);
 	// empty means ".".
 	DataDir string
-	// CertFile and KeyFile are the PEM files of files mode.
-	CertFile, KeyFile string
+	// CertFiles and KeyFiles are the PEM files of files mode, pair by pair
+	// (--tls-cert and --tls-key, repeated in the same order): the edge's
+	// own pair for DOMAIN and *.DOMAIN, and pairs for the hostnames agents
+	// bind of their own. A handshake gets the first pair whose certificate
+	// covers its server name, as crypto/tls chooses among Certificates; the
+	// first pair when none does.
+	CertFiles, KeyFiles []string
 	// ReloadInterval is how often files mode checks its files for change;
 	// zero means 10s, negative disables polling (SIGHUP still reloads).
 	ReloadInterval time.Duration
@@ -103,6 +114,17 @@ type Config struct {
 	// means 1m.
 	OnDemandRateWindow time.Duration
 
+	// RetryBase is the wait after a failed attempt to obtain or renew a
+	// certificate (certmagic, autocert); each further consecutive failure
+	// doubles it, up to RetryMax. Zero means 1m.
+	RetryBase time.Duration
+	// RetryMax caps the wait between attempts; zero means 1h.
+	RetryMax time.Duration
+	// RenewCheckInterval is how often certmagic mode checks whether a
+	// certificate needs renewal; zero means certmagic's 10m. A
+	// certificate with less than five times this left is renewed.
+	RenewCheckInterval time.Duration
+
 	// getenv replaces os.Getenv (tests); nil means os.Getenv.
 	getenv func(string) string
 }
@@ -139,12 +161,25 @@ type provider interface {
 	notAfter() map[string]time.Time
 }
 
+// The optional parts of a provider.
+type (
+	// listenerUser answers challenges on the edge's listeners.
+	listenerUser interface {
+		useListeners(httpAddr, httpsAddr net.Addr)
+	}
+	// statusReporter says why it cannot serve every name it must.
+	statusReporter interface{ status() error }
+	// retryScheduler has failed names waiting for a retry.
+	retryScheduler interface{ nextAttempt() time.Time }
+)
+
 // Manager serves the certificates of one mode.
 type Manager struct {
 	cfg    Config
 	log    *slog.Logger
 	policy HostPolicy
 	p      provider
+	counts *counters
 
 	closeOnce sync.Once
 }
@@ -167,7 +202,7 @@ func New(cfg Config, log *slog.Logger, policy HostPolicy) (*Manager, error) {
 		policy = func(context.Context, string) error { return nil }
 	}
 	cfg.Domain = strings.ToLower(strings.TrimSuffix(cfg.Domain, "."))
-	m := &Manager{cfg: cfg, log: log.With("component", "certs", "mode", cfg.Mode), policy: policy}
+	m := &Manager{cfg: cfg, log: log.With("component", "certs", "mode", cfg.Mode), policy: policy, counts: newCounters()}
 	p, err := m.newProvider()
 	if err != nil {
 		return nil, err
@@ -183,38 +218,81 @@ func (m *Manager) newProvider() (provider, error) {
 	}
 	switch c.Mode {
 	case ModeSelfSigned:
-		return &selfSigned{cfg: c, log: m.log}, nil
+		return &selfSigned{cfg: c, log: m.log, allow: m.allowHost}, nil
 	case ModeFiles:
-		if c.CertFile == "" || c.KeyFile == "" {
+		if len(c.CertFiles) == 0 || len(c.KeyFiles) == 0 {
 			return nil, fmt.Errorf("tls-mode files: tls-cert and tls-key are both required")
+		}
+		if len(c.CertFiles) != len(c.KeyFiles) {
+			return nil, fmt.Errorf("tls-mode files: %d tls-cert but %d tls-key: give them in pairs", len(c.CertFiles), len(c.KeyFiles))
 		}
 		return &files{cfg: c, log: m.log}, nil
 	case ModeCertmagic:
-		return newCertmagic(c, m.log, m.allowHost)
+		return newCertmagic(c, m.log, m.allowHost, m.counts)
 	case ModeAutocert:
-		return newAutocert(c, m.log, m.allowHost)
+		return newAutocert(c, m.log, m.allowHost, m.counts)
 	}
 	return nil, fmt.Errorf("tls-mode %q: %w (one of %v)", c.Mode, ErrUnknownMode, Modes)
 }
 
 // allowHost is the policy of the modes that issue at a handshake: DOMAIN
-// itself, and any other name under DOMAIN that the HostPolicy allows now.
+// itself, and any other name the HostPolicy allows now (a name under
+// DOMAIN, or an agent's own hostname, bound in the registry).
 func (m *Manager) allowHost(ctx context.Context, host string) error {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	host = hostOnly(host)
 	if host == m.cfg.Domain {
 		return nil
 	}
-	if !strings.HasSuffix(host, "."+m.cfg.Domain) {
-		return fmt.Errorf("%w: %s is not under %s", ErrHostNotAllowed, host, m.cfg.Domain)
-	}
+	// A name under the domain, or an agent's own hostname: the edge's
+	// policy asks the registry whether a tunnel is bound to it.
 	if err := m.policy(ctx, host); err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrHostNotAllowed, host, err)
 	}
 	return nil
 }
 
-// Start makes or loads the certificates. It returns once the edge can serve
-// TLS; background work (file polling, renewal) runs until Close.
+// hostOnly is host without a port (an HTTP-01 request's Host may carry
+// one) or trailing dot, in lower case.
+func hostOnly(host string) string {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	return strings.ToLower(strings.TrimSuffix(host, "."))
+}
+
+// UseListeners tells the Manager the bound addresses of the edge's plain
+// and TLS listeners (nil: none), where the ACME modes answer HTTP-01 and
+// TLS-ALPN-01 challenges; a challenge without its listener is not used.
+// Call it before Start.
+func (m *Manager) UseListeners(httpAddr, httpsAddr net.Addr) {
+	if l, ok := m.p.(listenerUser); ok {
+		l.useListeners(httpAddr, httpsAddr)
+	}
+}
+
+// Status is nil when the Manager has a valid certificate for every name
+// it serves without issuing at a handshake; else an error (wrapping
+// ErrNoCertificate) that names each missing one and where obtaining it
+// stands.
+func (m *Manager) Status() error {
+	if s, ok := m.p.(statusReporter); ok {
+		return s.status()
+	}
+	return nil
+}
+
+// Stats returns the counts of attempts, failures and refused handshakes.
+func (m *Manager) Stats() Stats {
+	s := m.counts.stats()
+	if r, ok := m.p.(retryScheduler); ok {
+		s.NextAttempt = r.nextAttempt()
+	}
+	return s
+}
+
+// Start makes or loads the certificates and returns; in the ACME modes it
+// does not wait for a CA (see the package doc). Background work (file
+// polling, issuance, renewal) runs until Close.
 func (m *Manager) Start(ctx context.Context) error {
 	if err := m.p.start(ctx); err != nil {
 		return fmt.Errorf("tls-mode %s: %w", m.cfg.Mode, err)
@@ -227,7 +305,7 @@ func (m *Manager) Start(ctx context.Context) error {
 // TLS-ALPN-01 challenges.
 func (m *Manager) TLSConfig() *tls.Config {
 	protos := []string{"h2", "http/1.1"}
-	if m.cfg.Mode == ModeAutocert || (m.cfg.Mode == ModeCertmagic && m.cfg.DNSProvider == "") {
+	if m.cfg.Mode == ModeAutocert || m.cfg.Mode == ModeCertmagic {
 		protos = append(protos, acmeTLS1)
 	}
 	return &tls.Config{
@@ -246,7 +324,11 @@ func (m *Manager) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, 
 		h.ServerName = m.cfg.Domain
 		hello = &h
 	}
-	return m.p.getCertificate(hello)
+	cert, err := m.p.getCertificate(hello)
+	if err != nil {
+		m.counts.refusal(m.log, hello.ServerName, err)
+	}
+	return cert, err
 }
 
 // acmeTLS1 is the ALPN protocol of the TLS-ALPN-01 challenge (RFC 8737).

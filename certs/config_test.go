@@ -31,13 +31,29 @@ func TestNewValidation(t *testing.T) {
 	}{
 		"unknown mode":      {cfg: Config{Mode: "magic", Domain: "d.test"}, is: ErrUnknownMode, mention: []string{"magic", "certmagic"}},
 		"no domain":         {cfg: Config{Mode: ModeSelfSigned}, mention: []string{"domain"}},
-		"files without key": {cfg: Config{Mode: ModeFiles, Domain: "d.test", CertFile: "c.pem"}, mention: []string{"tls-mode files", "tls-key"}},
+		"files without key": {cfg: Config{Mode: ModeFiles, Domain: "d.test", CertFiles: []string{"c.pem"}}, mention: []string{"tls-mode files", "tls-key"}},
 		"certmagic without dns or on-demand": {
 			cfg: Config{Mode: ModeCertmagic, Domain: "d.test"}, mention: []string{"tls-mode certmagic", "dns-provider", "on-demand", "cloudflare"},
 		},
 		"unknown dns provider": {
 			cfg: Config{Mode: ModeCertmagic, Domain: "d.test", DNSProvider: "route99"}, is: ErrUnknownDNSProvider,
 			mention: []string{"route99", "cloudflare", "rfc2136"},
+		},
+		"tsig secret not base64": {
+			cfg:     Config{Mode: ModeCertmagic, Domain: "d.test", DNSProvider: DNSRFC2136, DNSCredentials: map[string]string{"server": "127.0.0.1:53", "tsig_key": "k", "tsig_secret": "not base64!"}},
+			mention: []string{"tls-mode certmagic", "dns-provider rfc2136", "tsig_secret", "not base64", "k"},
+		},
+		"tsig algorithm unknown": {
+			cfg:     Config{Mode: ModeCertmagic, Domain: "d.test", DNSProvider: DNSRFC2136, DNSCredentials: map[string]string{"server": "127.0.0.1", "tsig_key": "k", "tsig_secret": "c2VjcmV0", "tsig_algorithm": "hmac-md5"}},
+			mention: []string{"tsig_algorithm", "hmac-md5", "hmac-sha256"},
+		},
+		"tsig secret without key": {
+			cfg:     Config{Mode: ModeCertmagic, Domain: "d.test", DNSProvider: DNSRFC2136, DNSCredentials: map[string]string{"server": "127.0.0.1", "tsig_secret": "c2VjcmV0"}},
+			mention: []string{"tsig_key is required with tsig_secret"},
+		},
+		"rfc2136 bad port": {
+			cfg:     Config{Mode: ModeCertmagic, Domain: "d.test", DNSProvider: DNSRFC2136, DNSCredentials: map[string]string{"server": "127.0.0.1:dns"}},
+			mention: []string{"setting server", "127.0.0.1:dns"},
 		},
 		"plain http acme ca": {
 			cfg: Config{Mode: ModeAutocert, Domain: "d.test", ACMECA: "http://ca.test/dir"}, mention: []string{"tls-mode autocert", "acme-ca"},

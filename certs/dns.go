@@ -1,6 +1,9 @@
 package certs
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"sort"
@@ -30,6 +33,9 @@ type dnsProviderSpec struct {
 
 var dnsProviders = map[string]dnsProviderSpec{
 	DNSCloudflare: {
+		// As libdns/cloudflare and Caddy name them: api_token edits the
+		// records (Zone.DNS:Edit), zone_token, if given, finds the zone
+		// (Zone.Zone:Read, may span all zones).
 		settings: []dnsSetting{
 			{key: "api_token", env: "CLOUDFLARE_API_TOKEN", required: true},
 			{key: "zone_token", env: "CLOUDFLARE_ZONE_TOKEN"},
@@ -67,6 +73,57 @@ func dnsProviderNames() []string {
 	}
 	sort.Strings(names)
 	return names
+}
+
+// dnsChecker is a provider that can check, without changing anything,
+// that its server answers and accepts its credentials for the zone of
+// fqdn: run before each order, so that an outage or a refused key costs
+// the CA nothing.
+type dnsChecker interface {
+	check(ctx context.Context, fqdn string) error
+}
+
+// checkDNSProvider checks cfg's provider settings without I/O: those
+// given inline or in the environment (settings read from files are
+// checked by Start).
+func checkDNSProvider(cfg Config) error {
+	spec, ok := dnsProviders[cfg.DNSProvider]
+	if !ok {
+		return fmt.Errorf("dns-provider %q: %w (one of %v)", cfg.DNSProvider, ErrUnknownDNSProvider, dnsProviderNames())
+	}
+	vals := map[string]string{}
+	for _, s := range spec.settings {
+		if cfg.DNSCredentials[s.key+"_file"] != "" || cfg.getenv(s.env+"_FILE") != "" {
+			return nil
+		}
+		v := cfg.DNSCredentials[s.key]
+		if v == "" {
+			v = cfg.getenv(s.env)
+		}
+		if v == "" && s.required {
+			return fmt.Errorf("dns-provider %s: setting %s is required (or $%s, $%s_FILE)", cfg.DNSProvider, s.key, s.env, s.env)
+		}
+		vals[s.key] = v
+	}
+	if _, err := spec.build(vals); err != nil {
+		return fmt.Errorf("dns-provider %s: %w", cfg.DNSProvider, err)
+	}
+	return nil
+}
+
+// settingsDigest identifies the settings an attempt to obtain a
+// certificate depends on (the secrets included, as a truncated hash), so
+// the retry book can tell that an operator changed them.
+func settingsDigest(cfg Config) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\n%s\n%s\n%s\n%v\n", cfg.Mode, cfg.Domain, cfg.ACMECA, cfg.DNSProvider, cfg.DNSResolvers)
+	if spec, ok := dnsProviders[cfg.DNSProvider]; ok {
+		for _, s := range spec.settings {
+			v, _ := lookupSetting(cfg, s)
+			fmt.Fprintf(h, "%s=%s\n", s.key, v)
+		}
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }
 
 // newDNSProvider builds cfg.DNSProvider from its settings. It reads

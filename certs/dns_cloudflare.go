@@ -18,17 +18,28 @@ import (
 // cloudflareAPI is the Cloudflare API v4 base URL.
 const cloudflareAPI = "https://api.cloudflare.com/client/v4"
 
-// cloudflare sets and removes DNS-01 records through the Cloudflare API v4.
-// apiToken needs Zone:Read (to find the zone id) and DNS:Edit, or give the
-// DNS:Edit token separately as zoneToken.
+// cloudflare sets and removes DNS-01 records through the Cloudflare API v4,
+// with the tokens' meaning of libdns/cloudflare (and Caddy's docs):
+// apiToken edits the records (Zone.DNS:Edit, may be scoped to the one
+// zone); zoneToken, if given, finds the zone's id (Zone.Zone:Read, may
+// span all zones). Without zoneToken, apiToken needs both permissions.
 type cloudflare struct {
 	apiToken, zoneToken string
+	ownZoneToken        bool // zone_token was given
 	base                string
 	client              *http.Client
 }
 
+func (p *cloudflare) zoneTokenName() string {
+	if p.ownZoneToken {
+		return "zone_token"
+	}
+	return "api_token (no zone_token set)"
+}
+
 func newCloudflare(vals map[string]string) (certmagic.DNSProvider, error) {
 	p := &cloudflare{apiToken: vals["api_token"], zoneToken: vals["zone_token"], base: vals["base_url"]}
+	p.ownZoneToken = p.zoneToken != ""
 	if p.zoneToken == "" {
 		p.zoneToken = p.apiToken
 	}
@@ -70,7 +81,7 @@ func (p *cloudflare) AppendRecords(ctx context.Context, zone string, recs []libd
 	}
 	for _, r := range recs {
 		rec := p.toRecord(r.RR(), zone)
-		if err := p.do(ctx, p.zoneToken, http.MethodPost, "/zones/"+id+"/dns_records", nil, rec, nil); err != nil {
+		if err := p.do(ctx, p.apiToken, http.MethodPost, "/zones/"+id+"/dns_records", nil, rec, nil); err != nil {
 			return nil, fmt.Errorf("create %s record %s: %w", rec.Type, rec.Name, err)
 		}
 	}
@@ -88,11 +99,11 @@ func (p *cloudflare) DeleteRecords(ctx context.Context, zone string, recs []libd
 		rec := p.toRecord(r.RR(), zone)
 		q := url.Values{"type": {rec.Type}, "name": {rec.Name}, "content": {rec.Content}}
 		var found []cfRecord
-		if err := p.do(ctx, p.zoneToken, http.MethodGet, "/zones/"+id+"/dns_records", q, nil, &found); err != nil {
+		if err := p.do(ctx, p.apiToken, http.MethodGet, "/zones/"+id+"/dns_records", q, nil, &found); err != nil {
 			return nil, fmt.Errorf("find %s record %s: %w", rec.Type, rec.Name, err)
 		}
 		for _, f := range found {
-			if err := p.do(ctx, p.zoneToken, http.MethodDelete, "/zones/"+id+"/dns_records/"+f.ID, nil, nil, nil); err != nil {
+			if err := p.do(ctx, p.apiToken, http.MethodDelete, "/zones/"+id+"/dns_records/"+f.ID, nil, nil, nil); err != nil {
 				return nil, fmt.Errorf("delete %s record %s: %w", rec.Type, rec.Name, err)
 			}
 		}
@@ -114,11 +125,11 @@ func (p *cloudflare) zoneID(ctx context.Context, zone string) (string, error) {
 	var zones []struct {
 		ID string `json:"id"`
 	}
-	if err := p.do(ctx, p.apiToken, http.MethodGet, "/zones", url.Values{"name": {name}}, nil, &zones); err != nil {
-		return "", fmt.Errorf("look up zone %s: %w", name, err)
+	if err := p.do(ctx, p.zoneToken, http.MethodGet, "/zones", url.Values{"name": {name}}, nil, &zones); err != nil {
+		return "", fmt.Errorf("look up zone %s with %s: %w", name, p.zoneTokenName(), err)
 	}
 	if len(zones) == 0 {
-		return "", fmt.Errorf("look up zone %s: not found for this api_token", name)
+		return "", fmt.Errorf("look up zone %s: %w: not found with %s (it needs Zone.Zone:Read on the zone)", name, ErrDNSAuth, p.zoneTokenName())
 	}
 	return zones[0].ID, nil
 }
@@ -145,15 +156,18 @@ func (p *cloudflare) do(ctx context.Context, token, method, path string, q url.V
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := p.client.Do(req)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %s: %w", ErrDNSUnreachable, p.base, err)
 	}
 	defer resp.Body.Close()
 	var r cfResponse
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&r); err != nil {
-		return fmt.Errorf("cloudflare answered %s: %w", resp.Status, err)
+		return fmt.Errorf("%w: cloudflare answered %s: %w", ErrDNSUpdate, resp.Status, err)
+	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return fmt.Errorf("%w: cloudflare answered %s: %v", ErrDNSAuth, resp.Status, r.Errors)
 	}
 	if !r.Success || resp.StatusCode >= 300 {
-		return fmt.Errorf("cloudflare answered %s: %v", resp.Status, r.Errors)
+		return fmt.Errorf("%w: cloudflare answered %s: %v", ErrDNSUpdate, resp.Status, r.Errors)
 	}
 	if out != nil && len(r.Result) > 0 {
 		return json.Unmarshal(r.Result, out)

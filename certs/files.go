@@ -5,19 +5,22 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// files serves a certificate and key from disk. A changed pair is picked up
-// by polling (or Reload on SIGHUP) and swapped atomically: handshakes in
-// progress keep the old one, connections are never dropped.
+// files serves certificates and keys from disk, one pair or several. A
+// changed file is picked up by polling (or Reload on SIGHUP) and every
+// pair is loaded again and swapped in at once: handshakes in progress keep
+// the old ones, connections are never dropped, and a pair that does not
+// load keeps all the old ones.
 type files struct {
-	cfg  Config
-	log  *slog.Logger
-	cert atomic.Pointer[tls.Certificate]
+	cfg   Config
+	log   *slog.Logger
+	pairs atomic.Pointer[[]tls.Certificate]
 
 	mu      sync.Mutex
 	modTime time.Time
@@ -53,15 +56,19 @@ func (f *files) poll(ctx context.Context, interval time.Duration) {
 		case <-t.C:
 			if f.changed() {
 				if err := f.reload(); err != nil {
-					f.log.Warn("certificate files changed but did not load; keeping the old one", "err", err)
+					f.log.Warn("certificate files changed but did not load; keeping the old ones", "err", err)
 				}
 			}
 		}
 	}
 }
 
+func (f *files) paths() []string {
+	return append(append([]string(nil), f.cfg.CertFiles...), f.cfg.KeyFiles...)
+}
+
 func (f *files) changed() bool {
-	mt := latestModTime(f.cfg.CertFile, f.cfg.KeyFile)
+	mt := latestModTime(f.paths()...)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return !mt.Equal(f.modTime)
@@ -78,28 +85,52 @@ func latestModTime(paths ...string) time.Time {
 }
 
 func (f *files) reload() error {
-	mt := latestModTime(f.cfg.CertFile, f.cfg.KeyFile)
-	pair, err := tls.LoadX509KeyPair(f.cfg.CertFile, f.cfg.KeyFile)
-	if err != nil {
-		return fmt.Errorf("tls-cert %s / tls-key %s: %w", f.cfg.CertFile, f.cfg.KeyFile, err)
+	mt := latestModTime(f.paths()...)
+	pairs := make([]tls.Certificate, len(f.cfg.CertFiles))
+	for i, cert := range f.cfg.CertFiles {
+		pair, err := tls.LoadX509KeyPair(cert, f.cfg.KeyFiles[i])
+		if err != nil {
+			return fmt.Errorf("tls-cert %s / tls-key %s: %w", cert, f.cfg.KeyFiles[i], err)
+		}
+		pairs[i] = pair
 	}
-	f.cert.Store(&pair)
+	f.pairs.Store(&pairs)
 	f.mu.Lock()
 	f.modTime = mt
 	f.mu.Unlock()
-	f.log.Info("loaded certificate", "file", f.cfg.CertFile, "subject", pair.Leaf.Subject.CommonName, "not_after", pair.Leaf.NotAfter)
+	for i, pair := range pairs {
+		f.log.Info("loaded certificate", "file", f.cfg.CertFiles[i], "names", pair.Leaf.DNSNames, "not_after", pair.Leaf.NotAfter)
+	}
 	return nil
 }
 
-func (f *files) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-	if c := f.cert.Load(); c != nil {
-		return c, nil
+// getCertificate picks the first pair whose certificate the client can
+// use for its server name, else the first pair (which the client will
+// refuse for a name it does not cover, as it should).
+func (f *files) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
+	p := f.pairs.Load()
+	if p == nil {
+		return nil, errNotStarted
 	}
-	return nil, errNotStarted
+	pairs := *p
+	if len(pairs) > 1 {
+		for i := range pairs {
+			if hello.SupportsCertificate(&pairs[i]) == nil {
+				return &pairs[i], nil
+			}
+		}
+	}
+	return &pairs[0], nil
 }
 
 func (f *files) notAfter() map[string]time.Time {
-	return leafNotAfter(f.cert.Load())
+	out := map[string]time.Time{}
+	if p := f.pairs.Load(); p != nil {
+		for i := range *p {
+			maps.Copy(out, leafNotAfter(&(*p)[i]))
+		}
+	}
+	return out
 }
 
 func (f *files) close() error {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -39,6 +40,12 @@ func newTestPKI(t *testing.T) *testPKI {
 // returning its serial number.
 func (p *testPKI) writePair(t *testing.T, domain string) string {
 	t.Helper()
+	return p.writePairAs(t, "", domain)
+}
+
+// writePairAs writes the pair to PREFIXcert.pem and PREFIXkey.pem.
+func (p *testPKI) writePairAs(t *testing.T, prefix, domain string) string {
+	t.Helper()
 	leaf, err := issueLeaf(p.ca, p.key, domain)
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +61,7 @@ func (p *testPKI) writePair(t *testing.T, domain string) string {
 	for _, f := range []struct {
 		name string
 		data []byte
-	}{{"key.pem", keyPEM}, {"cert.pem", certPEM}} {
+	}{{prefix + "key.pem", keyPEM}, {prefix + "cert.pem", certPEM}} {
 		path := filepath.Join(p.dir, f.name)
 		if err := os.WriteFile(path+".tmp", f.data, 0o600); err != nil {
 			t.Fatal(err)
@@ -66,7 +73,7 @@ func (p *testPKI) writePair(t *testing.T, domain string) string {
 	// Coarse file systems may keep the old mtime; push it forward.
 	p.n++
 	future := time.Now().Add(time.Duration(p.n) * time.Second)
-	for _, n := range []string{"key.pem", "cert.pem"} {
+	for _, n := range []string{prefix + "key.pem", prefix + "cert.pem"} {
 		_ = os.Chtimes(filepath.Join(p.dir, n), future, future)
 	}
 	return leaf.Leaf.SerialNumber.String()
@@ -75,7 +82,12 @@ func (p *testPKI) writePair(t *testing.T, domain string) string {
 // servedSerial makes a fresh TLS handshake and returns the leaf's serial.
 func servedSerial(t *testing.T, addr string, roots *x509.CertPool) string {
 	t.Helper()
-	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: "app." + testDomain})
+	return servedSerialFor(t, addr, roots, "app."+testDomain)
+}
+
+func servedSerialFor(t *testing.T, addr string, roots *x509.CertPool, name string) string {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, ServerName: name})
 	if err != nil {
 		t.Fatalf("handshake: %v", err)
 	}
@@ -120,8 +132,8 @@ func TestFilesPicksUpReplacedCertificate(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	first := pki.writePair(t, testDomain)
-	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFile: filepath.Join(pki.dir, "cert.pem"),
-		KeyFile: filepath.Join(pki.dir, "key.pem"), ReloadInterval: 10 * time.Millisecond}
+	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFiles: []string{filepath.Join(pki.dir, "cert.pem")},
+		KeyFiles: []string{filepath.Join(pki.dir, "key.pem")}, ReloadInterval: 10 * time.Millisecond}
 	m, err := startManager(t, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -151,8 +163,8 @@ func TestFilesReload(t *testing.T) {
 	t.Parallel()
 	pki := newTestPKI(t)
 	first := pki.writePair(t, testDomain)
-	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFile: filepath.Join(pki.dir, "cert.pem"),
-		KeyFile: filepath.Join(pki.dir, "key.pem"), ReloadInterval: -1}
+	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFiles: []string{filepath.Join(pki.dir, "cert.pem")},
+		KeyFiles: []string{filepath.Join(pki.dir, "key.pem")}, ReloadInterval: -1}
 	m, err := startManager(t, cfg, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -172,7 +184,7 @@ func TestFilesReload(t *testing.T) {
 		t.Fatalf("serving %s after Reload, want %s", got, second)
 	}
 
-	if err := os.WriteFile(cfg.KeyFile, []byte("not a key"), 0o600); err != nil {
+	if err := os.WriteFile(cfg.KeyFiles[0], []byte("not a key"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Reload(); err == nil {
@@ -180,6 +192,64 @@ func TestFilesReload(t *testing.T) {
 	}
 	if got := servedSerial(t, addr, pki.roots); got != second {
 		t.Fatalf("serving %s after a failed Reload, want the old %s", got, second)
+	}
+}
+
+// TestFilesSeveralPairs: with several pairs, each handshake gets the pair
+// covering its server name (the edge's for its domain, an agent's own
+// hostname's for that name), the first for a name none covers; a changed
+// second pair is picked up, and one that does not load keeps them all.
+func TestFilesSeveralPairs(t *testing.T) {
+	t.Parallel()
+	pki := newTestPKI(t)
+	edgeSerial := pki.writePair(t, testDomain)
+	ownSerial := pki.writePairAs(t, "own-", "example.org")
+	cfg := Config{Mode: ModeFiles, Domain: testDomain,
+		CertFiles:      []string{filepath.Join(pki.dir, "cert.pem"), filepath.Join(pki.dir, "own-cert.pem")},
+		KeyFiles:       []string{filepath.Join(pki.dir, "key.pem"), filepath.Join(pki.dir, "own-key.pem")},
+		ReloadInterval: -1}
+	m, err := startManager(t, cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	addr := ln.Addr().String()
+	if got := servedSerialFor(t, addr, pki.roots, "app."+testDomain); got != edgeSerial {
+		t.Errorf("app.%s got %s, want the edge's pair %s", testDomain, got, edgeSerial)
+	}
+	if got := servedSerialFor(t, addr, pki.roots, "app.example.org"); got != ownSerial {
+		t.Errorf("app.example.org got %s, want its own pair %s", got, ownSerial)
+	}
+	conn, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: pki.roots, ServerName: "app.other.example"})
+	if err == nil {
+		conn.Close()
+		t.Error("a name no pair covers was accepted by the client")
+	} else if !strings.Contains(err.Error(), "app.other.example") {
+		t.Errorf("a name no pair covers: %v, want a name mismatch", err)
+	}
+	if na := m.NotAfter(); len(na) != 2 {
+		t.Errorf("NotAfter = %v, want both pairs", na)
+	}
+
+	renewed := pki.writePairAs(t, "own-", "example.org")
+	if err := m.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if got := servedSerialFor(t, addr, pki.roots, "app.example.org"); got != renewed {
+		t.Errorf("after Reload app.example.org got %s, want %s", got, renewed)
+	}
+	if err := os.WriteFile(cfg.KeyFiles[1], []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Reload(); err == nil || !strings.Contains(err.Error(), "own-cert.pem") {
+		t.Fatalf("Reload of a broken second pair: %v, want an error naming it", err)
+	}
+	if got := servedSerialFor(t, addr, pki.roots, "app.example.org"); got != renewed {
+		t.Errorf("after a failed Reload app.example.org got %s, want the old %s", got, renewed)
+	}
+	if _, err := New(Config{Mode: ModeFiles, Domain: testDomain, CertFiles: cfg.CertFiles, KeyFiles: cfg.KeyFiles[:1]}, nil, nil); err == nil || !strings.Contains(err.Error(), "pairs") {
+		t.Errorf("2 certs, 1 key: %v, want refused", err)
 	}
 }
 

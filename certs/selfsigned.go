@@ -31,6 +31,7 @@ const (
 type selfSigned struct {
 	cfg   Config
 	log   *slog.Logger
+	allow HostPolicy // for hostnames outside the domain
 	leaf  *tls.Certificate
 	ca    *x509.Certificate
 	caKey crypto.Signer
@@ -56,17 +57,33 @@ func (s *selfSigned) start(context.Context) error {
 	return nil
 }
 
+// policyTimeout bounds the policy's answer for a handshake's name.
+const policyTimeout = 5 * time.Second
+
 // getCertificate serves the shared leaf, except for a single-label host
-// under the domain, which gets a leaf of its own: clients refuse a wildcard
-// directly under a top-level name such as *.localhost.
+// under the domain, which gets a leaf of its own (clients refuse a wildcard
+// directly under a top-level name such as *.localhost), and for a hostname
+// outside the domain that the policy allows (an agent's own, bound), which
+// gets one too; another name outside the domain gets the shared leaf,
+// which the client will refuse for it.
 func (s *selfSigned) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if s.leaf == nil {
 		return nil, errNotStarted
 	}
 	name := strings.TrimSuffix(strings.ToLower(hello.ServerName), ".")
-	label, ok := strings.CutSuffix(name, "."+s.cfg.Domain)
-	if !ok || label == "" || strings.Contains(label, ".") {
+	label, under := strings.CutSuffix(name, "."+s.cfg.Domain)
+	switch {
+	case under && (label == "" || strings.Contains(label, ".")):
 		return s.leaf, nil
+	case !under && (name == "" || name == s.cfg.Domain || net.ParseIP(name) != nil || s.allow == nil):
+		return s.leaf, nil
+	case !under:
+		ctx, cancel := context.WithTimeout(hello.Context(), policyTimeout)
+		err := s.allow(ctx, name)
+		cancel()
+		if err != nil {
+			return s.leaf, nil
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -71,7 +71,7 @@ func TestSelfSigned(t *testing.T) {
 func TestCloseBeforeStart(t *testing.T) {
 	for _, cfg := range []Config{
 		{Mode: ModeSelfSigned, Domain: testDomain},
-		{Mode: ModeFiles, Domain: testDomain, CertFile: "c", KeyFile: "k"},
+		{Mode: ModeFiles, Domain: testDomain, CertFiles: []string{"c"}, KeyFiles: []string{"k"}},
 		{Mode: ModeAutocert, Domain: testDomain},
 		{Mode: ModeCertmagic, Domain: testDomain, OnDemand: true},
 	} {

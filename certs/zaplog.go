@@ -2,6 +2,7 @@ package certs
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"go.uber.org/zap"
@@ -37,6 +38,12 @@ func (c *slogCore) Check(e zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.Che
 }
 
 func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
+	level := slogLevel(e.Level)
+	if refusedByBackoff(fields) {
+		// certmagic logs, as an error, each of its own retries that the
+		// retry schedule refused; the schedule logs its attempts itself.
+		level = slog.LevelDebug
+	}
 	enc := zapcore.NewMapObjectEncoder()
 	for _, f := range c.fields {
 		f.AddTo(enc)
@@ -51,8 +58,17 @@ func (c *slogCore) Write(e zapcore.Entry, fields []zapcore.Field) error {
 	for k, v := range enc.Fields {
 		attrs = append(attrs, slog.Any(k, v))
 	}
-	c.log.LogAttrs(context.Background(), slogLevel(e.Level), e.Message, attrs...)
+	c.log.LogAttrs(context.Background(), level, e.Message, attrs...)
 	return nil
+}
+
+func refusedByBackoff(fields []zapcore.Field) bool {
+	for _, f := range fields {
+		if err, ok := f.Interface.(error); ok && f.Type == zapcore.ErrorType && errors.Is(err, ErrBackoff) {
+			return true
+		}
+	}
+	return false
 }
 
 func (c *slogCore) Sync() error { return nil }

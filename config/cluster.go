@@ -5,7 +5,9 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -30,6 +32,9 @@ type Cluster struct {
 	Node, Addr, Advertise, Key string
 	// LeaseTTL is how long a cut-off edge's bindings outlive it.
 	LeaseTTL time.Duration
+	// RouteStaleness is the longest the edge routes by a route cache etcd
+	// has not confirmed current (a fifth of LeaseTTL when not set).
+	RouteStaleness time.Duration
 	// Prefix is the etcd key prefix.
 	Prefix string
 }
@@ -48,6 +53,7 @@ func clusterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster-advertise", "", "address other edges reach --cluster-addr at (default: its bound address, with --node-name as host when it binds all interfaces)")
 	fs.String("cluster-key", "", "secret shared by every edge of the cluster, at least 32 characters (NGSTONE_CLUSTER_KEY_FILE reads it from a file)")
 	fs.Duration("cluster-lease-ttl", 10*time.Second, "how long the bindings of an edge cut off from etcd outlive it (whole seconds)")
+	fs.Duration("cluster-route-staleness", 0, "longest an edge routes by its route cache once etcd stops confirming it current (then it reads each name from etcd, or answers 503): the longest two edges may route one name differently (default a fifth of --cluster-lease-ttl)")
 }
 
 // Cluster returns the cluster settings, after Load.
@@ -59,7 +65,7 @@ func (c *Edge) Cluster() (Cluster, error) {
 		CAFile:    l.string("cluster-etcd-ca"), CertFile: l.string("cluster-etcd-cert"), KeyFile: l.string("cluster-etcd-key"),
 		Username: l.string("cluster-etcd-username"),
 		Node:     l.string("node-name"), Addr: l.string("cluster-addr"), Advertise: l.string("cluster-advertise"),
-		LeaseTTL: e.dur(l, "cluster-lease-ttl"), Prefix: l.string("cluster-prefix"),
+		LeaseTTL: e.dur(l, "cluster-lease-ttl"), RouteStaleness: e.dur(l, "cluster-route-staleness"), Prefix: l.string("cluster-prefix"),
 	}
 	pw, err := l.secret("cluster-etcd-password")
 	e.set(err)
@@ -76,15 +82,22 @@ func (c *Edge) Cluster() (Cluster, error) {
 		return cl, errors.New("cluster-addr is empty: other edges forward visitor requests to it")
 	case cl.LeaseTTL < time.Second:
 		return cl, fmt.Errorf("cluster-lease-ttl %s: at least 1s", cl.LeaseTTL)
+	case cl.RouteStaleness < 0 || cl.RouteStaleness > cl.LeaseTTL:
+		return cl, fmt.Errorf("cluster-route-staleness %s: between 0 (a fifth of --cluster-lease-ttl) and --cluster-lease-ttl (%s)", cl.RouteStaleness, cl.LeaseTTL)
 	case (cl.CertFile == "") != (cl.KeyFile == ""):
 		return cl, errors.New("cluster-etcd-cert and cluster-etcd-key go together")
+	}
+	if cl.RouteStaleness == 0 {
+		cl.RouteStaleness = cl.LeaseTTL / 5
 	}
 	return cl, nil
 }
 
 // EtcdTLS returns the client TLS for etcd from the files of c; nil when
-// none is set.
-func (c Cluster) EtcdTLS() (*tls.Config, error) {
+// none is set. The client certificate is read again when its files change,
+// so that a rotated certificate serves the next connection to etcd without
+// a restart; log hears of rotated files that do not load.
+func (c Cluster) EtcdTLS(log *slog.Logger) (*tls.Config, error) {
 	if c.CAFile == "" && c.CertFile == "" {
 		return nil, nil
 	}
@@ -100,11 +113,64 @@ func (c Cluster) EtcdTLS() (*tls.Config, error) {
 		}
 	}
 	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
+		kp := &keyPair{certFile: c.CertFile, keyFile: c.KeyFile, log: log}
+		if _, err := kp.get(); err != nil {
 			return nil, fmt.Errorf("cluster-etcd-cert/key: %w", err)
 		}
-		tc.Certificates = []tls.Certificate{cert}
+		tc.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return kp.get() }
 	}
 	return tc, nil
+}
+
+// keyPair is a certificate and key read from files, and read again when
+// either file's size or modification time changes. A pair that does not
+// load (a rotation caught between its two writes) leaves the last good
+// one in use, and is tried again at the next handshake.
+type keyPair struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu     sync.Mutex
+	stamp  [2]fileStamp // of the files cur was read from
+	failed [2]fileStamp // of the files that last failed to load
+	cur    *tls.Certificate
+}
+
+type fileStamp struct {
+	size int64
+	mod  time.Time
+}
+
+func (k *keyPair) get() (*tls.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	st, err := stamps(k.certFile, k.keyFile)
+	if k.cur != nil && (err != nil || st == k.stamp) {
+		return k.cur, nil
+	}
+	cert, err := tls.LoadX509KeyPair(k.certFile, k.keyFile)
+	if err != nil && k.cur != nil {
+		if st != k.failed && k.log != nil {
+			k.log.Warn("cluster-etcd-cert/key changed but do not load; still using the previous client certificate", "err", err)
+		}
+		k.failed = st
+		return k.cur, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	k.cur, k.stamp = &cert, st
+	return k.cur, nil
+}
+
+func stamps(files ...string) ([2]fileStamp, error) {
+	var out [2]fileStamp
+	for i, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return out, err
+		}
+		out[i] = fileStamp{size: fi.Size(), mod: fi.ModTime()}
+	}
+	return out, nil
 }

@@ -160,12 +160,18 @@ func (l *loader) strings(key string) []string {
 	return out
 }
 
-// wholeStrings reads a list whose items may hold commas (passwords): each
-// item whole from a repeated flag or a YAML list; from an environment
-// variable, items separated by spaces.
+// wholeStrings reads a list whose items may hold commas and spaces
+// (passwords, header rules, file paths): each item whole from a repeated
+// flag or a YAML list; from an environment variable, one item per line.
 func (l *loader) wholeStrings(key string) []string {
 	if s, ok := l.v.Get(key).(string); ok {
-		return strings.Fields(s)
+		var out []string
+		for line := range strings.Lines(s) {
+			if line = strings.TrimSpace(line); line != "" {
+				out = append(out, line)
+			}
+		}
+		return out
 	}
 	return cast.ToStringSlice(l.v.Get(key))
 }

@@ -90,7 +90,7 @@ func TestEnvironmentOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Domain != "env.example" || cfg.DrainTimeout != 0 || cfg.AdminAddr != "127.0.0.1:9999" ||
-		cfg.TLS.Mode != "files" || cfg.TLS.CertFile != "/c.pem" || cfg.TLS.KeyFile != "/k.pem" {
+		cfg.TLS.Mode != "files" || !slices.Equal(cfg.TLS.CertFiles, []string{"/c.pem"}) || !slices.Equal(cfg.TLS.KeyFiles, []string{"/k.pem"}) {
 		t.Fatalf("environment did not reach the config: %+v", cfg)
 	}
 }
@@ -267,8 +267,8 @@ func TestAgentLogRequests(t *testing.T) {
 	}
 }
 
-// TestAgentBasicAuth: pairs keep their commas when given as repeated flags
-// or a YAML list; the environment separates them with spaces.
+// TestAgentBasicAuth: pairs keep their commas and spaces when given as
+// repeated flags or a YAML list; the environment gives one per line.
 func TestAgentBasicAuth(t *testing.T) {
 	load := func(env string, args ...string) []string {
 		t.Helper()
@@ -284,10 +284,27 @@ func TestAgentBasicAuth(t *testing.T) {
 		{"none", "", nil, nil},
 		{"flags", "", []string{"--basic-auth", "alice:pass,word1", "--basic-auth", "bob:password2"}, []string{"alice:pass,word1", "bob:password2"}},
 		{"file", "", []string{"--config", file}, []string{"alice:pass,word1", "bob:password2"}},
-		{"environment", "alice:pass,word1 bob:password2", nil, []string{"alice:pass,word1", "bob:password2"}},
+		{"environment", "alice:pass,word1\nbob:correct horse\n", nil, []string{"alice:pass,word1", "bob:correct horse"}},
+		{"environment, one", "bob:correct horse", nil, []string{"bob:correct horse"}},
 	} {
 		if got := load(tc.env, tc.args...); !slices.Equal(got, tc.want) {
 			t.Errorf("%s: %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestAgentHeaderRules: a rule keeps its spaces and commas from flags, a
+// YAML list and the environment (one per line).
+func TestAgentHeaderRules(t *testing.T) {
+	want := []string{"X-Team: blue, green", "Cache-Control: no-store"}
+	file := writeFile(t, "request-header-add:\n  - \"X-Team: blue, green\"\n  - \"Cache-Control: no-store\"\n")
+	for name, got := range map[string][]string{
+		"flags":       loadAgent(t, "", "", nil, "--request-header-add", want[0], "--request-header-add", want[1], "3000").RequestHeaderAdd,
+		"file":        loadAgent(t, "", "", nil, "--config", file, "3000").RequestHeaderAdd,
+		"environment": loadAgent(t, "NGSTONE_REQUEST_HEADER_ADD", strings.Join(want, "\n"), nil, "3000").RequestHeaderAdd,
+	} {
+		if !slices.Equal(got, want) {
+			t.Errorf("%s: %q, want %q", name, got, want)
 		}
 	}
 }
@@ -314,4 +331,21 @@ func loadAgent(t *testing.T, key, env string, tune func(*pflag.FlagSet), args ..
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// TestEdgeACMERetry: the retry schedule of certificate attempts comes from
+// --acme-retry-base and --acme-retry-max (zero: the certs defaults).
+func TestEdgeACMERetry(t *testing.T) {
+	t.Setenv("NGSTONE_ACME_RETRY_MAX", "3h")
+	c, err := loadEdge(t, "--domain", "d.example", "--acme-retry-base", "5m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.TLS.RetryBase != 5*time.Minute || cfg.TLS.RetryMax != 3*time.Hour {
+		t.Errorf("RetryBase %v RetryMax %v, want 5m 3h", cfg.TLS.RetryBase, cfg.TLS.RetryMax)
+	}
 }

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 
@@ -24,9 +25,9 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.String("admin-addr", d.AdminAddr, "admin API listener: /healthz, /metrics, /api/tunnels (empty disables)")
 	fs.String("admin-token", "", "bearer token the admin API requires except on /healthz (required when admin-addr is not loopback; NGSTONE_ADMIN_TOKEN_FILE reads it from a file)")
 	fs.String("tls-mode", d.TLS.Mode, "certificates: "+strings.Join(certs.Modes, ", "))
-	fs.String("tls-cert", "", "certificate PEM file (tls-mode files)")
-	fs.String("tls-key", "", "private key PEM file (tls-mode files)")
-	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem) and ACME state")
+	fs.StringArray("tls-cert", nil, "certificate PEM file (tls-mode files; repeat with tls-key for more pairs, e.g. for agents' own hostnames: each handshake gets the pair covering its name)")
+	fs.StringArray("tls-key", nil, "private key PEM file of the tls-cert at the same position (tls-mode files)")
+	fs.String("data-dir", d.TLS.DataDir, "directory for the self-signed CA (ca.pem), ACME state, and the registry (registry.db) of an edge that runs alone")
 	fs.StringArray("token", nil, "agent token to accept (repeatable; none means any agent may connect)")
 	fs.String("tokens-file", "", "YAML file of agent tokens")
 	fs.StringSlice("reserved-names", d.ReservedNames, "subdomains no agent may bind")
@@ -45,10 +46,21 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
 	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
 	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
-	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address before it is refused for a minute (0 disables)")
+	fs.Duration("acme-retry-base", 0, "wait after a failed attempt to obtain or renew a certificate, doubled at each further failure (0 means 1m)")
+	fs.Duration("acme-retry-max", 0, "longest wait between attempts to obtain or renew a certificate (0 means 1h)")
+	fs.Int("auth-failure-limit", d.AuthFailureLimit, "failed hellos from one address within auth-failure-window before it is refused for that long (0 disables)")
+	fs.Duration("auth-failure-window", d.AuthFailureWindow, "window of auth-failure-limit, and how long a refused address stays refused")
 	fs.Int("max-streams-per-session", d.MaxStreamsPerSession, "concurrent visitor requests per agent session; more get 503 (0 = no limit)")
 	fs.Int("max-conns", d.MaxConns, "concurrent visitor connections in total (0 = no limit)")
 	fs.Int("max-conns-per-ip", d.MaxConnsPerIP, "concurrent visitor connections per client address (0 = no limit)")
+	fs.Bool("proxy-protocol", false, "read a PROXY protocol header (v1 or v2) on the visitor listeners from the sources in proxy-protocol-from")
+	fs.StringSlice("proxy-protocol-from", nil, "prefixes of the load balancers that send PROXY protocol (e.g. 10.0.0.0/8); others may not")
+	fs.Int("max-requests-per-ip", d.MaxRequestsPerIP, "concurrent requests of one visitor address to one tunnel; more get 429 visitor_limit (0 = no limit)")
+	fs.Int("max-agent-conns", d.MaxAgentConns, "concurrent agent connections to control-addr in total, counted before TLS (0 = no limit)")
+	fs.Int("max-agent-conns-per-ip", d.MaxAgentConnsPerIP, "concurrent agent connections per address (0 = no limit)")
+	fs.Duration("write-timeout", d.WriteTimeout, "cut a visitor that reads nothing of its response for this long (counted afresh at each write)")
+	fs.Duration("read-timeout", d.ReadTimeout, "cut a visitor that sends nothing of its request body for this long (counted afresh at each read)")
+	fs.Int64("max-response-head", d.MaxResponseHead, "largest response head in bytes the edge takes from an agent, 1xx heads included; larger get 502 bad_response (at most 1 MiB)")
 	fs.Int64("max-request-body", 0, "largest visitor request body in bytes; larger get 413 (0 = no limit)")
 	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
 	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
@@ -77,8 +89,8 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	e.set(err)
 	cfg.AdminToken = adminToken
 	cfg.TLS.Mode = l.string("tls-mode")
-	cfg.TLS.CertFile = l.string("tls-cert")
-	cfg.TLS.KeyFile = l.string("tls-key")
+	cfg.TLS.CertFiles = l.wholeStrings("tls-cert")
+	cfg.TLS.KeyFiles = l.wholeStrings("tls-key")
 	cfg.TLS.DataDir = l.string("data-dir")
 	cfg.TLS.ACMECA = l.string("acme-ca")
 	cfg.TLS.ACMEEmail = l.string("acme-email")
@@ -92,6 +104,8 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.TLS.OnDemand = e.boolean(l, "on-demand")
 	cfg.TLS.OnDemandRateLimit = e.integer(l, "on-demand-rate-limit")
 	cfg.TLS.OnDemandRateWindow = e.dur(l, "on-demand-rate-window")
+	cfg.TLS.RetryBase = e.dur(l, "acme-retry-base")
+	cfg.TLS.RetryMax = e.dur(l, "acme-retry-max")
 	cfg.Tokens = l.strings("token")
 	if path := l.string("tokens-file"); path != "" {
 		pol, err := LoadTokensFile(path)
@@ -99,9 +113,25 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 		cfg.TokenPolicies = pol
 	}
 	cfg.AuthFailureLimit = e.integer(l, "auth-failure-limit")
+	cfg.AuthFailureWindow = e.dur(l, "auth-failure-window")
 	cfg.MaxStreamsPerSession = e.integer(l, "max-streams-per-session")
 	cfg.MaxConns = e.integer(l, "max-conns")
 	cfg.MaxConnsPerIP = e.integer(l, "max-conns-per-ip")
+	cfg.ProxyProtocol = e.boolean(l, "proxy-protocol")
+	for _, p := range l.strings("proxy-protocol-from") {
+		pfx, err := netip.ParsePrefix(p)
+		if err != nil {
+			e.set(fmt.Errorf("proxy-protocol-from %q: want a prefix such as 10.0.0.0/8", p))
+			continue
+		}
+		cfg.ProxyProtocolFrom = append(cfg.ProxyProtocolFrom, pfx.Masked())
+	}
+	cfg.MaxRequestsPerIP = e.integer(l, "max-requests-per-ip")
+	cfg.MaxAgentConns = e.integer(l, "max-agent-conns")
+	cfg.MaxAgentConnsPerIP = e.integer(l, "max-agent-conns-per-ip")
+	cfg.WriteTimeout = e.dur(l, "write-timeout")
+	cfg.ReadTimeout = e.dur(l, "read-timeout")
+	cfg.MaxResponseHead = int64(e.integer(l, "max-response-head"))
 	cfg.MaxRequestBody = int64(e.integer(l, "max-request-body"))
 	cfg.ReadHeaderTimeout = e.dur(l, "read-header-timeout")
 	cfg.IdleTimeout = e.dur(l, "idle-timeout")

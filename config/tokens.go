@@ -18,6 +18,7 @@ import (
 //	  - token: s3cret            # required
 //	    name: team-a             # for logs
 //	    subdomains: [team-a-*]   # names it may bind (path.Match patterns); empty: any
+//	    hostnames: ["*.team-a.example"]  # hostnames of its own it may bind (--hostname); empty: none
 //	    max_sessions: 5          # concurrent agents; 0: no limit
 //	    max_bindings: 10         # tunnels; 0: no limit
 type tokensFile struct {

@@ -40,6 +40,12 @@ func (e *Edge) adminHandler() http.Handler {
 			w.Write([]byte("cluster registry unavailable"))
 			return
 		}
+		if err := e.certs.Status(); err != nil {
+			// Agents and visitors would be refused at the handshake.
+			w.WriteHeader(http.StatusServiceUnavailable)
+			w.Write([]byte("certificates: " + err.Error()))
+			return
+		}
 		w.Write([]byte("ok"))
 	})
 	m.Handle("GET /metrics", e.requireToken(e.metrics.handler()))

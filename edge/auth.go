@@ -1,11 +1,13 @@
 package edge
 
 import (
+	"container/list"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	"net"
+	"net/netip"
 	"path"
 	"strings"
 	"sync"
@@ -21,6 +23,10 @@ type TokenPolicy struct {
 	// Subdomains are the names the token may bind: exact names or
 	// path.Match patterns such as "team-*". Empty means any name.
 	Subdomains []string `yaml:"subdomains"`
+	// Hostnames are the hostnames of their own, outside the edge's domain,
+	// the token may bind (--hostname): exact names or path.Match patterns
+	// such as "*.example.org" ('*' spans dots too). Empty means none.
+	Hostnames []string `yaml:"hostnames"`
 	// MaxSessions bounds the token's concurrent agent sessions (sessions of
 	// a reconnecting instance do not count against it). Zero means no limit.
 	MaxSessions int `yaml:"max_sessions"`
@@ -41,6 +47,17 @@ func (p *TokenPolicy) allows(name string) bool {
 	return false
 }
 
+// allowsHostname reports whether the token may bind host, a hostname of
+// the agent's own.
+func (p *TokenPolicy) allowsHostname(host string) bool {
+	for _, pat := range p.Hostnames {
+		if ok, _ := path.Match(strings.ToLower(pat), host); ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Validate checks one policy; i is its position, for the message.
 func (p *TokenPolicy) Validate(i int) error {
 	if strings.TrimSpace(p.Token) == "" {
@@ -49,6 +66,11 @@ func (p *TokenPolicy) Validate(i int) error {
 	for _, pat := range p.Subdomains {
 		if _, err := path.Match(pat, "x"); err != nil {
 			return fmt.Errorf("tokens-file entry %d: subdomain pattern %q: %v", i+1, pat, err)
+		}
+	}
+	for _, pat := range p.Hostnames {
+		if _, err := path.Match(pat, "x"); err != nil || !strings.Contains(pat, ".") {
+			return fmt.Errorf("tokens-file entry %d: hostname pattern %q: want a name such as app.example.org or *.example.org", i+1, pat)
 		}
 	}
 	if p.MaxSessions < 0 || p.MaxBindings < 0 {
@@ -85,23 +107,41 @@ func tokenID(tok string) string {
 }
 
 // authLimiter refuses addresses that failed authentication too often: after
-// limit failures within window, the address is refused for window.
+// limit failures within window, the address is refused for window. IPv6
+// addresses count by their /64, which one host usually holds whole.
+//
+// Its memory is bounded without ever lifting a ban early: failures and bans
+// are kept in two tables of maxAuthStates entries each, and a full table
+// forgets its least recently touched entry. Forgetting a failure count is
+// cheap for an attacker to refill but lifts nothing; a ban is forgotten
+// only when maxAuthStates newer bans push it out, each earned with limit
+// failures from an address of its own.
 type authLimiter struct {
 	limit  int
 	window time.Duration
 
-	mu    sync.Mutex
-	state map[string]*authState
+	mu       sync.Mutex
+	failures lru[authFailures]
+	bans     lru[authBan]
 }
 
-type authState struct {
-	failures    int
-	since       time.Time
-	bannedUntil time.Time
+type authFailures struct {
+	n     int
+	since time.Time
 }
 
-// maxAuthStates bounds the limiter's memory under a spray of addresses.
+type authBan struct {
+	until    time.Time
+	answered time.Time // when a connection from it was last told so
+}
+
+// maxAuthStates bounds each of the limiter's tables.
 const maxAuthStates = 65536
+
+// banAnswerEvery bounds how often a banned address is answered with the
+// reason (a TLS handshake and a control frame) instead of a closed
+// connection.
+const banAnswerEvery = time.Second
 
 func hostOf(addr string) string {
 	h, _, err := net.SplitHostPort(addr)
@@ -111,46 +151,121 @@ func hostOf(addr string) string {
 	return h
 }
 
-// banned reports whether addr is refused now.
-func (l *authLimiter) banned(addr string, now time.Time) bool {
+// limiterKey is the address a failure counts against: an IPv4 address, or
+// an IPv6 address's /64.
+func limiterKey(addr string) string {
+	h := hostOf(addr)
+	ip, err := netip.ParseAddr(h)
+	if err != nil || ip.Is4() || ip.Is4In6() {
+		return h
+	}
+	p, _ := ip.Prefix(64)
+	return p.String()
+}
+
+// banned reports whether addr is refused now, until when, and whether this
+// connection should be told so (at most once every banAnswerEvery).
+func (l *authLimiter) banned(addr string, now time.Time) (until time.Time, answer, ok bool) {
+	if l.limit <= 0 {
+		return time.Time{}, false, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	b := l.bans.get(limiterKey(addr))
+	if b == nil || !now.Before(b.until) {
+		return time.Time{}, false, false
+	}
+	if answer = now.Sub(b.answered) >= banAnswerEvery; answer {
+		b.answered = now
+	}
+	return b.until, answer, true
+}
+
+// fail records a failed authentication from addr; it reports whether that
+// failure banned the address.
+func (l *authLimiter) fail(addr string, now time.Time) (banned bool) {
 	if l.limit <= 0 {
 		return false
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	st := l.state[hostOf(addr)]
-	return st != nil && now.Before(st.bannedUntil)
+	k := limiterKey(addr)
+	f := l.failures.get(k)
+	if f == nil || now.Sub(f.since) > l.window {
+		f = l.failures.put(k, authFailures{since: now})
+	}
+	f.n++
+	if f.n < l.limit {
+		return false
+	}
+	l.failures.remove(k)
+	l.bans.put(k, authBan{until: now.Add(l.window)})
+	return true
 }
 
-// fail records a failed authentication from addr.
-func (l *authLimiter) fail(addr string, now time.Time) {
-	if l.limit <= 0 {
-		return
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.state == nil || len(l.state) >= maxAuthStates {
-		l.state = make(map[string]*authState)
-	}
-	h := hostOf(addr)
-	st := l.state[h]
-	if st == nil || now.Sub(st.since) > l.window {
-		st = &authState{since: now}
-		l.state[h] = st
-	}
-	st.failures++
-	if st.failures >= l.limit {
-		st.bannedUntil = now.Add(l.window)
-	}
-}
-
-// sweep forgets addresses whose window and ban have passed.
+// sweep forgets failures whose window and bans whose time have passed.
 func (l *authLimiter) sweep(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for h, st := range l.state {
-		if now.Sub(st.since) > l.window && now.After(st.bannedUntil) {
-			delete(l.state, h)
+	l.failures.drop(func(f *authFailures) bool { return now.Sub(f.since) > l.window })
+	l.bans.drop(func(b *authBan) bool { return !now.Before(b.until) })
+}
+
+// lru is a map of at most maxAuthStates entries that forgets the least
+// recently put or got one when full.
+type lru[V any] struct {
+	m     map[string]*list.Element
+	order list.List // of *lruEntry[V], most recent first
+}
+
+type lruEntry[V any] struct {
+	key string
+	v   V
+}
+
+func (c *lru[V]) get(k string) *V {
+	e, ok := c.m[k]
+	if !ok {
+		return nil
+	}
+	c.order.MoveToFront(e)
+	return &e.Value.(*lruEntry[V]).v
+}
+
+func (c *lru[V]) put(k string, v V) *V {
+	if e, ok := c.m[k]; ok {
+		c.order.MoveToFront(e)
+		ent := e.Value.(*lruEntry[V])
+		ent.v = v
+		return &ent.v
+	}
+	if c.m == nil {
+		c.m = map[string]*list.Element{}
+	}
+	if len(c.m) >= maxAuthStates {
+		c.remove(c.order.Back().Value.(*lruEntry[V]).key)
+	}
+	ent := &lruEntry[V]{key: k, v: v}
+	c.m[k] = c.order.PushFront(ent)
+	return &ent.v
+}
+
+func (c *lru[V]) remove(k string) {
+	if e, ok := c.m[k]; ok {
+		c.order.Remove(e)
+		delete(c.m, k)
+	}
+}
+
+func (c *lru[V]) len() int { return len(c.m) }
+
+// drop removes the entries done reports true for.
+func (c *lru[V]) drop(done func(*V) bool) {
+	for e := c.order.Front(); e != nil; {
+		next := e.Next()
+		if ent := e.Value.(*lruEntry[V]); done(&ent.v) {
+			c.remove(ent.key)
 		}
+		e = next
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -16,8 +17,15 @@ const randomNameTries = 16
 
 // bind answers one bind request of session s.
 func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
-	if m.Subdomain == "" {
-		return e.bindRandom(ctx, s)
+	access, err := parseAccess(m.AllowCIDR, m.DenyCIDR)
+	if err != nil {
+		return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
+	}
+	switch {
+	case m.Hostname != "":
+		return e.bindHostname(ctx, s, m, access)
+	case m.Subdomain == "":
+		return e.bindRandom(ctx, s, access)
 	}
 	if err := registry.ValidateSubdomain(m.Subdomain, e.cfg.ReservedNames); err != nil {
 		code := mux.CodeInvalidName
@@ -32,10 +40,32 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		return &mux.BindError{Subdomain: m.Subdomain, Code: mux.CodeUnauthorized,
 			Message: fmt.Sprintf("this token may not bind %q; it may bind %s", m.Subdomain, strings.Join(s.policy.Subdomains, ", "))}
 	}
-	return e.claim(ctx, s, m.Subdomain, m.Takeover, false)
+	return e.claim(ctx, s, m.Subdomain+"."+e.cfg.Domain, m.Takeover, false, access)
 }
 
-func (e *Edge) bindRandom(ctx context.Context, s *session) mux.Message {
+// bindHostname answers a bind of a hostname of the agent's own.
+func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access *visitorAccess) mux.Message {
+	host, err := NormalizeHost(m.Hostname)
+	refuse := func(code, msg string) mux.Message {
+		s.log.Info("bind refused", "hostname", m.Hostname, "code", code)
+		return &mux.BindError{Hostname: m.Hostname, Code: code, Message: msg}
+	}
+	switch {
+	case err != nil || net.ParseIP(host) != nil || !strings.Contains(host, "."):
+		return refuse(mux.CodeInvalidName, fmt.Sprintf("%q is not a hostname such as app.example.org: check --hostname", m.Hostname))
+	case host == e.cfg.Domain || strings.HasSuffix(host, "."+e.cfg.Domain):
+		return refuse(mux.CodeInvalidName, fmt.Sprintf("%s is under the edge's own domain: ask for it with --subdomain", host))
+	case !s.policy.allowsHostname(host):
+		msg := "this token may not bind hostnames of its own: the edge's --tokens-file lists those a token may (hostnames:)"
+		if len(s.policy.Hostnames) > 0 {
+			msg = fmt.Sprintf("this token may not bind %s; it may bind %s", host, strings.Join(s.policy.Hostnames, ", "))
+		}
+		return refuse(mux.CodeUnauthorized, msg)
+	}
+	return e.claim(ctx, s, host, m.Takeover, false, access)
+}
+
+func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess) mux.Message {
 	if len(s.policy.Subdomains) > 0 {
 		return &mux.BindError{Code: mux.CodeUnauthorized,
 			Message: "this token may only bind " + strings.Join(s.policy.Subdomains, ", ") + ": pass --subdomain"}
@@ -45,7 +75,7 @@ func (e *Edge) bindRandom(ctx context.Context, s *session) mux.Message {
 		if registry.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
 			continue
 		}
-		reply := e.claim(ctx, s, name, false, true)
+		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access)
 		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
 			continue
 		}
@@ -54,22 +84,27 @@ func (e *Edge) bindRandom(ctx context.Context, s *session) mux.Message {
 	return &mux.BindError{Code: mux.CodeSubdomainTaken, Message: "the edge found no free random name; retry or pass --subdomain"}
 }
 
-// claim asks the registry for NAME.DOMAIN and applies the outcome: record
-// the binding on s, evict and fence the previous holder.
-func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exclusive bool) mux.Message {
-	host := name + "." + e.cfg.Domain
+// claim asks the registry for host and applies the outcome: record the
+// binding (and who may visit it) on s, evict and fence the previous holder.
+func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exclusive bool, access *visitorAccess) mux.Message {
+	name, own := strings.CutSuffix(host, "."+e.cfg.Domain)
+	bindErr := func(code, msg string) *mux.BindError {
+		if !own {
+			return &mux.BindError{Hostname: host, Code: code, Message: msg}
+		}
+		return &mux.BindError{Subdomain: name, Code: code, Message: msg}
+	}
 	if e.isClosing() {
-		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the edge is shutting down; retry"}
+		return bindErr(mux.CodeShuttingDown, "the edge is shutting down; retry")
 	}
 	if max := s.policy.MaxBindings; max > 0 {
 		n, err := e.tokenBindings(ctx, s, host)
 		if err != nil {
 			s.log.Error("bind failed: counting the token's tunnels", "hostname", host, "err", err)
-			return &mux.BindError{Subdomain: name, Code: mux.CodeUnavailable, Message: "the edge could not read the registry; retrying"}
+			return bindErr(mux.CodeUnavailable, "the edge could not read the registry; retrying")
 		}
 		if n >= max {
-			return &mux.BindError{Subdomain: name, Code: mux.CodeLimitExceeded,
-				Message: fmt.Sprintf("this token is limited to %d tunnels; stop one first", max)}
+			return bindErr(mux.CodeLimitExceeded, fmt.Sprintf("this token is limited to %d tunnels; stop one first", max))
 		}
 	}
 	if !exclusive {
@@ -81,20 +116,23 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	})
 	if errors.Is(err, registry.ErrTaken) {
 		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)
-		return &mux.BindError{Subdomain: name, Code: mux.CodeSubdomainTaken,
-			Message: fmt.Sprintf("%s is in use by another agent: choose another --subdomain, or stop the agent that holds it%s", host, e.silentHolder(ctx, host))}
+		choose := "choose another --subdomain"
+		if !own {
+			choose = "choose another --hostname"
+		}
+		return bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", host, choose, e.silentHolder(ctx, host)))
 	}
 	if err != nil {
 		s.log.Error("bind failed", "hostname", host, "err", err)
-		return &mux.BindError{Subdomain: name, Code: mux.CodeUnavailable, Message: "the edge could not record the binding; retrying"}
+		return bindErr(mux.CodeUnavailable, "the edge could not record the binding; retrying")
 	}
 	b := res.Binding
-	added := s.addBinding(host, b.Generation)
+	added := s.addBinding(host, b.Generation, access)
 	if added && s.isClosed() {
 		// The session ended while the registry granted the bind: its own
 		// cleanup may have run already, so release here (compare-and-delete).
 		e.store.Release(ctx, host, s.id, b.Generation)
-		return &mux.BindError{Subdomain: name, Code: mux.CodeShuttingDown, Message: "the session closed during the bind; retry"}
+		return bindErr(mux.CodeShuttingDown, "the session closed during the bind; retry")
 	}
 	if res.Previous != nil && (res.Previous.SessionID != s.id || res.Previous.Node != b.Node) {
 		e.evict(*res.Previous)
@@ -103,7 +141,7 @@ func (e *Edge) claim(ctx context.Context, s *session, name string, takeover, exc
 	// superseded: a later bind took the name over between the grant and
 	// now; its eviction notice follows this reply (see session.bindMu).
 	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(),
-		"takeover", takeover, "superseded", !added)
+		"takeover", takeover, "superseded", !added, "visitors", access.String())
 	urls := e.URLs(host)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
 }
@@ -115,11 +153,7 @@ func (e *Edge) unbind(ctx context.Context, s *session, hostname string) {
 		return
 	}
 	s.fence(hostname, gen)
-	if _, err := e.store.Release(ctx, hostname, s.id, gen); err != nil {
-		s.log.Warn("release failed", "hostname", hostname, "err", err)
-		return
-	}
-	s.log.Info("unbound", "hostname", hostname, "generation", gen)
+	e.release(ctx, offlineBinding{host: hostname, session: s.id, gen: gen})
 }
 
 func (e *Edge) isClosing() bool {
@@ -161,17 +195,23 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 // and whose process they restarted. It returns "" for a holder heard from
 // recently, or held by another edge of the cluster.
 func (e *Edge) silentHolder(ctx context.Context, host string) string {
-	b, ok := e.lookup(ctx, host)
-	if !ok || !e.local(b) {
+	b, ok, err := e.lookup(ctx, host)
+	if err != nil || !ok || !e.local(b) {
 		return ""
 	}
-	s := e.session(b.SessionID)
-	if s == nil {
+	var silent, window, quiet time.Duration
+	if s := e.session(b.SessionID); s != nil {
+		silent, window = time.Since(time.Unix(0, s.lastBeat.Load())), e.cfg.HeartbeatTimeout
+		quiet = window / 3 // a holder heard a moment ago is just busy
+	} else if e.restored(b) {
+		// Held since before the edge restarted: its agent has not come
+		// back yet.
+		silent, window = time.Since(b.LastHeard), e.restoredWindow()
+	} else {
 		return ""
 	}
-	silent := time.Since(time.Unix(0, s.lastBeat.Load()))
-	left := e.cfg.HeartbeatTimeout - silent
-	if silent < e.cfg.HeartbeatTimeout/3 || left <= 0 {
+	left := window - silent
+	if silent < quiet || left <= 0 {
 		return ""
 	}
 	return fmt.Sprintf("; it has not been heard from for %s, and the name frees itself in %s if it stays silent",

@@ -17,7 +17,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -28,11 +27,15 @@ import (
 )
 
 // Cluster mode: several edges share one registry (registry.Etcd). A
-// visitor request for a hostname bound on another edge is forwarded to that
-// edge, exactly one hop, with the generation the route cache gave. The
-// owner serves it only if one of its sessions holds that generation; else it
-// answers 421 with routeHeader "stale", and the first edge reads the
-// registry again and retries once. The owner never forwards.
+// visitor request is routed by the registry's route cache only while etcd
+// has confirmed that cache current within the staleness bound; past it,
+// by the hostname read from etcd, or not at all (503 tunnel_offline): an
+// edge never serves a session that may have lost its binding. A request
+// for a hostname bound on another edge is forwarded to that edge, exactly
+// one hop, with the generation the route gave. The owner serves it only if
+// one of its sessions holds that generation; else it answers 421 with
+// routeHeader "stale", and the first edge reads the registry again and
+// retries once. The owner never forwards.
 
 // Headers between edges. The owner removes them before the agent sees the
 // request.
@@ -70,7 +73,11 @@ type ClusterStore interface {
 	Start(ctx context.Context, addr string, hooks registry.Hooks) error
 	Close() error
 	Ready() bool
+	// Route is Lookup for routing: from the cache only while it is
+	// confirmed fresh, else read from etcd; an error means do not route.
+	Route(ctx context.Context, hostname string) (registry.Binding, bool, error)
 	Lookup(hostname string) (registry.Binding, bool)
+	RouteStats() registry.RouteStats
 	NodeAddr(node string) (string, bool)
 	OpenSession(ctx context.Context, sess registry.Session) error
 	CloseSession(ctx context.Context, id uint64) error
@@ -154,8 +161,8 @@ type cluster struct {
 	serverTLS *tls.Config
 	forward   *http.Transport
 	// forwarded and retried count requests sent to other edges, and those
-	// sent again after a stale route.
-	forwarded, retried atomic.Int64
+	// sent again after a stale route; leaseLost the leases lost.
+	forwarded, retried, leaseLost atomic.Int64
 }
 
 func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, error) {
@@ -203,6 +210,7 @@ func (e *Edge) startCluster(ctx context.Context) error {
 // for them, and their agents reconnect, through the load balancer, to an
 // edge that can.
 func (e *Edge) clusterLost(err error) {
+	e.cluster.leaseLost.Add(1)
 	e.mu.Lock()
 	sessions := e.sessionListLocked()
 	e.mu.Unlock()
@@ -219,14 +227,14 @@ func (e *Edge) clusterLost(err error) {
 	wg.Wait()
 }
 
-// lookup finds hostname's binding: from the route cache in a cluster, from
-// the store alone.
-func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool) {
+// lookup finds hostname's binding to route by: in a cluster, from a route
+// cache known to be fresh, else from etcd; alone, from the store. An error
+// means the edge cannot vouch for any route now.
+func (e *Edge) lookup(ctx context.Context, host string) (registry.Binding, bool, error) {
 	if e.cluster != nil {
-		return e.cluster.store.Lookup(host)
+		return e.cluster.store.Route(ctx, host)
 	}
-	b, ok, err := e.store.Get(ctx, host)
-	return b, ok && err == nil
+	return e.store.Get(ctx, host)
 }
 
 // local reports whether b is held by a session of this edge.
@@ -241,12 +249,30 @@ type routeTransport struct {
 	local http.RoundTripper
 }
 
+// RoundTrip sends req along its route. When the visitor's body breaks
+// first (malformed, over the limit, stalled), the exchange is over, and
+// that is the error, whatever the other side answered to the broken body.
 func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	rt, _ := req.Context().Value(routeKey{}).(route)
-	if rt.s != nil {
-		return t.local.RoundTrip(req)
+	var body *readErrBody
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &readErrBody{ReadCloser: req.Body}
+		req.Body = body
 	}
-	return t.forward(req, rt)
+	var resp *http.Response
+	var err error
+	if rt.s != nil {
+		resp, err = t.local.RoundTrip(req)
+	} else {
+		resp, err = t.forward(req, rt)
+	}
+	if body != nil && body.failed() != nil {
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, body.failed()
+	}
+	return resp, err
 }
 
 // forward sends req to the edge rt names and, if that edge no longer holds
@@ -299,6 +325,9 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		return nil, errNoRoute
 	}
 	out := withBody(req.Clone(req.Context()), body)
+	// The declared trailers' values arrive at the end of the body, in
+	// req's map (mux.PassTrailers), not in the clone's copy of it.
+	out.Trailer = req.Trailer
 	out.URL.Scheme, out.URL.Host, out.RequestURI = "https", addr, ""
 	out.Header.Set(generationHeader, strconv.FormatUint(rt.generation, 10))
 	out.Header.Set(forwardedByHeader, c.node)
@@ -361,46 +390,33 @@ func (e *Edge) clusterHandler() http.Handler {
 		host, err := NormalizeHost(r.Host)
 		gen, gerr := strconv.ParseUint(r.Header.Get(generationHeader), 10, 64)
 		if err != nil || gerr != nil {
-			mux.WriteVisitorError(w, mux.CodeBadHost, r.Host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeBadHost, r.Host)
 			return
 		}
-		b, ok := e.cluster.store.Lookup(host)
+		b, ok, err := e.cluster.store.Route(r.Context(), host)
+		if err != nil {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
 		if !ok || b.Node != e.cluster.node || b.Generation != gen {
 			w.Header().Set(routeHeader, "stale")
-			mux.WriteVisitorError(w, mux.CodeMisdirected, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeMisdirected, host)
 			return
 		}
 		s := e.session(b.SessionID)
 		if s == nil || !s.holds(host, gen) || !s.live(time.Now()) {
-			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
+			return
+		}
+		if ip, ok := visitorIP(r, true); !ok || !s.allows(host, ip) {
+			e.metrics.limited(limitIPDenied)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, host)
 			return
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, true, e.clusterProxy)
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, e.clusterProxy)
 	})
-}
-
-// newClusterProxy is the owner's proxy for forwarded upgrades: it keeps the
-// X-Forwarded headers the first edge set, which it trusts (mutual TLS).
-func (e *Edge) newClusterProxy() http.Handler {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			for _, h := range []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
-				if v := pr.In.Header.Values(h); len(v) > 0 {
-					pr.Out.Header[h] = v
-				}
-			}
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "ngstone"
-			pr.Out.Host = pr.In.Host
-		},
-		// An agent's response must not pose as the owner's refusal.
-		ModifyResponse: func(resp *http.Response) error { resp.Header.Del(routeHeader); return nil },
-		Transport:      &streamTransport{e: e},
-		BufferPool:     mux.BufferPool{},
-		ErrorHandler:   e.proxyError,
-	}
 }
 
 // nodeName is this edge's name in the cluster; empty when alone.

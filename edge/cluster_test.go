@@ -40,15 +40,26 @@ type clusterEdge struct {
 	store *registry.Etcd
 }
 
-// start runs edge name; cli is its etcd client (nil: a direct one).
+// start runs edge name; endpoints are its etcd's (nil: the shared one's).
 func (c *testCluster) start(name string, endpoints []string, tune func(*edge.Config)) *clusterEdge {
+	c.t.Helper()
+	return c.startWith(name, endpoints, nil, tune)
+}
+
+// startWith is start with the edge's registry settings changed by etcd.
+func (c *testCluster) startWith(name string, endpoints []string, etcd func(*registry.EtcdConfig), tune func(*edge.Config)) *clusterEdge {
 	t := c.t
 	t.Helper()
 	if endpoints == nil {
 		endpoints = etcdtest.Endpoints(t)
 	}
-	store := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
-		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond, Log: tunneltest.Logger().With("side", name)})
+	ec := registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
+		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second,
+		Log: tunneltest.Logger().With("side", name)}
+	if etcd != nil {
+		etcd(&ec)
+	}
+	store := registry.NewEtcd(ec)
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.TLS.DataDir = c.dataDir
 	cfg.Cluster = &edge.ClusterConfig{Store: store, Addr: "127.0.0.1:0", Key: clusterKey}
@@ -261,7 +272,7 @@ func TestClusterKilledEdge(t *testing.T) {
 		took = ag
 		return true
 	})
-	t.Logf("bound on b %v after a was cut off (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	t.Logf("bound on b %v after a was cut off (lease TTL 2s)", time.Since(killed).Round(time.Millisecond))
 	if a.Sessions() != 0 {
 		t.Fatalf("a kept %d sessions after losing its lease", a.Sessions())
 	}
@@ -290,14 +301,17 @@ func TestClusterKilledEdge(t *testing.T) {
 }
 
 // TestClusterStaleRoute: B's route cache still names edge A after the
-// agent moved to edge C. B forwards to A, A answers 421 (stale route), B
-// reads the registry and retries once, at C: the visitor sees 200, with
-// its request body intact.
+// agent moved to edge C, within B's staleness bound (B hears from etcd
+// 300 ms late, which its bound and call timeout allow). B forwards to A,
+// A answers 421 (stale route), B reads the registry and retries once, at
+// C: the visitor sees 200, with its request body intact.
 func TestClusterStaleRoute(t *testing.T) {
 	c := newTestCluster(t)
 	a := c.start("a", nil, nil)
 	cli, bPath := etcdProxy(t)
-	b := c.start("b", cli, func(cfg *edge.Config) {})
+	b := c.startWith("b", cli, func(ec *registry.EtcdConfig) {
+		ec.LeaseTTL, ec.CallTimeout, ec.RouteStaleness = 10*time.Second, 2*time.Second, 10*time.Second
+	}, nil)
 	cEdge := c.start("c", nil, nil)
 	backend := tunneltest.StartBackend(t)
 	lb := controlProxy(t, a)
@@ -516,4 +530,117 @@ func TestClusterTokenSessionLimit(t *testing.T) {
 	if _, m := b.DialRaw(t, first); m.MessageType() != mux.TypeHelloOK {
 		t.Fatalf("the first agent reconnecting through edge b: %v", m)
 	}
+}
+
+// TestOwnHostnameRules: the binding rules hold for a hostname of an
+// agent's own as for a subdomain, on one edge and across two edges of a
+// cluster (the agents on the second): another instance is refused while
+// the holder is live, the same instance takes the name over at once with
+// a higher generation, the evicted session's release deletes nothing of
+// the new holder's (compare-and-delete), and a graceful stop releases it.
+// Visitors reach it by its own Host on either edge.
+func TestOwnHostnameRules(t *testing.T) {
+	const host = "app.example.test"
+	pol := func(cfg *edge.Config) {
+		cfg.TokenPolicies = []edge.TokenPolicy{{Token: "t", Hostnames: []string{"*.example.test"}}}
+	}
+	for _, cluster := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one edge", true: "two edges"}[cluster], func(t *testing.T) {
+			var a, b *tunneltest.Edge
+			if cluster {
+				c := newTestCluster(t)
+				a, b = c.start("a", nil, pol).Edge, c.start("b", nil, pol).Edge
+			} else {
+				cfg := tunneltest.EdgeConfig(t)
+				pol(&cfg)
+				a = tunneltest.StartEdge(t, cfg)
+				b = a
+			}
+			backend := tunneltest.StartBackend(t)
+			run := func(e *tunneltest.Edge, instance string) *tunneltest.Agent {
+				ac := e.AgentConfig("", backend.Addr())
+				ac.Token, ac.Hostname, ac.InstanceID = "t", host, instance
+				return tunneltest.StartAgent(t, ac)
+			}
+			visit := func(e *tunneltest.Edge, scheme ...string) (int, string) {
+				url := "https://" + host + "/hello"
+				if len(scheme) > 0 {
+					url = scheme[0] + "://" + host + "/hello"
+				}
+				resp, err := e.Client().Get(url)
+				if err != nil {
+					t.Fatalf("GET %s: %v", url, err)
+				}
+				defer resp.Body.Close()
+				body, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(body)
+			}
+			holder := func() edge.Tunnel {
+				ts, err := a.Tunnels(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, tn := range ts {
+					if tn.Hostname == host {
+						return tn
+					}
+				}
+				return edge.Tunnel{}
+			}
+
+			first := run(a, instX)
+			s1 := first.WaitOnline(t)
+			for _, e := range []*tunneltest.Edge{a, b} {
+				if code, body := visit(e); code != http.StatusOK || body != "hello" {
+					t.Fatalf("visit through %s = %d %q, want the backend's hello", e.Addr("https"), code, body)
+				}
+			}
+
+			other := run(b, instY)
+			var re *agent.RefusedError
+			if err := other.Err(); !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken || !strings.Contains(re.Message, "--hostname") {
+				t.Fatalf("another instance: %v; want %s naming --hostname", err, mux.CodeSubdomainTaken)
+			}
+
+			second := run(b, instX)
+			s2 := second.WaitOnline(t)
+			if s2.Generation <= s1.Generation {
+				t.Fatalf("takeover at generation %d, after %d: want higher", s2.Generation, s1.Generation)
+			}
+			if err := first.Err(); !errors.Is(err, agent.ErrEvicted) {
+				t.Fatalf("the first session after the takeover: %v, want evicted", err)
+			}
+			// The first session has ended and released what it held: the
+			// name is still the second's.
+			tunneltest.Eventually(t, 5*time.Second, "the holder to be the second session on "+a.Addr("https").String(), func() bool {
+				h := holder()
+				return h.SessionID == s2.SessionID && h.Generation == s2.Generation && h.Online
+			})
+			if code, body := visit(a); code != http.StatusOK || body != "hello" {
+				t.Fatalf("visit after the takeover = %d %q", code, body)
+			}
+
+			if err := second.Stop(); err != nil {
+				t.Fatal(err)
+			}
+			tunneltest.Eventually(t, 5*time.Second, "the name released", func() bool { return holder().Hostname == "" })
+			// Unbound, the name has no certificate (a handshake for it gets
+			// the edge's, which the client refuses) and plain HTTP says 404.
+			if _, err := e2eGet(a, "https://"+host+"/hello"); err == nil || !strings.Contains(err.Error(), "not "+host) {
+				t.Fatalf("HTTPS after release: %v, want the handshake refused by the client", err)
+			}
+			if code, _ := visit(a, "http"); code != http.StatusNotFound {
+				t.Fatalf("visit after release = %d, want 404", code)
+			}
+		})
+	}
+}
+
+func e2eGet(e *tunneltest.Edge, url string) (int, error) {
+	resp, err := e.Client().Get(url)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }

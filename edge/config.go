@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/ngstone/ngstone/certs"
@@ -51,6 +52,31 @@ type Config struct {
 	// MaxConnsPerIP per client address; connections past them are closed at
 	// once. Zero means no limit.
 	MaxConns, MaxConnsPerIP int
+	// ProxyProtocol reads a PROXY protocol header (v1 or v2) on the visitor
+	// listeners from the load balancers in ProxyProtocolFrom, whose address
+	// is then the visitor's (for X-Forwarded-For, limits and --allow-cidr);
+	// a connection from any other source that sends one is refused.
+	ProxyProtocol     bool
+	ProxyProtocolFrom []netip.Prefix
+	// MaxRequestsPerIP bounds one visitor address's requests in flight to
+	// one tunnel; past it visitors get 429 visitor_limit, so that one
+	// address cannot hold all of a session's streams. Zero means no limit.
+	MaxRequestsPerIP int
+	// MaxAgentConns bounds concurrent control connections in total, and
+	// MaxAgentConnsPerIP per address, before any TLS work; connections past
+	// them are closed at once. Zero means no limit.
+	MaxAgentConns, MaxAgentConnsPerIP int
+	// WriteTimeout cuts a visitor that has read nothing of its response
+	// for this long; it is counted afresh at every write, so a slow reader
+	// is not cut. Zero means 60s.
+	WriteTimeout time.Duration
+	// ReadTimeout cuts a visitor that has sent nothing of its request body
+	// for this long, counted afresh at every read. Zero means 60s.
+	ReadTimeout time.Duration
+	// MaxResponseHead bounds the head of an agent's response, informational
+	// heads included (502 bad_response past it); the agent learns it in
+	// hello_ok and holds local services to it. Zero means 1 MiB.
+	MaxResponseHead int64
 	// ReadHeaderTimeout bounds a visitor's TLS handshake and request
 	// headers (slow clients are cut off). Zero means 10s.
 	ReadHeaderTimeout time.Duration
@@ -79,9 +105,13 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config
-	// Store holds the bindings; nil means a registry.Memory of this edge.
-	// Cluster, when set, replaces it.
+	// Store holds the bindings; nil means a registry.Memory of this edge,
+	// or with RegistryFile a registry.Bolt. Cluster, when set, replaces it.
 	Store registry.Store `json:"-"`
+	// RegistryFile is the file of a single edge's registry, which keeps
+	// the bindings across restarts (the CLI's --data-dir/registry.db);
+	// empty keeps them in memory. Not with Cluster.
+	RegistryFile string
 	// Cluster shares the registry with other edges; nil runs alone.
 	Cluster *ClusterConfig `json:"-"`
 }
@@ -109,6 +139,12 @@ func DefaultConfig() Config {
 		MaxStreamsPerSession: 1024,
 		MaxConns:             20000,
 		MaxConnsPerIP:        1000,
+		MaxRequestsPerIP:     64,
+		MaxAgentConns:        10000,
+		MaxAgentConnsPerIP:   256,
+		WriteTimeout:         60 * time.Second,
+		ReadTimeout:          60 * time.Second,
+		MaxResponseHead:      mux.MaxResponseHead,
 	}
 }
 
@@ -119,7 +155,8 @@ func (c Config) withDefaults() Config {
 		{&c.HeartbeatTimeout, &d.HeartbeatTimeout}, {&c.TunnelTimeout, &d.TunnelTimeout},
 		{&c.HelloTimeout, &d.HelloTimeout}, {&c.ShutdownGrace, &d.ShutdownGrace},
 		{&c.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&c.IdleTimeout, &d.IdleTimeout},
-		{&c.AuthFailureWindow, &d.AuthFailureWindow},
+		{&c.AuthFailureWindow, &d.AuthFailureWindow}, {&c.WriteTimeout, &d.WriteTimeout},
+		{&c.ReadTimeout, &d.ReadTimeout},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -127,6 +164,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReservedNames == nil {
 		c.ReservedNames = d.ReservedNames
+	}
+	if c.MaxResponseHead <= 0 {
+		c.MaxResponseHead = d.MaxResponseHead
 	}
 	c.TLS.Domain = c.Domain
 	return c
@@ -160,13 +200,23 @@ func (c Config) Validate() error {
 	if c.HeartbeatTimeout < 0 {
 		return fmt.Errorf("heartbeat-timeout %s: must not be negative", c.HeartbeatTimeout)
 	}
+	if c.ProxyProtocol && len(c.ProxyProtocolFrom) == 0 {
+		return errors.New("proxy-protocol: name the load balancers it comes from with proxy-protocol-from (e.g. 10.0.0.0/8)")
+	}
+	if c.RegistryFile != "" && (c.Cluster != nil || c.Store != nil) {
+		return errors.New("a registry file is for an edge that runs alone, on its own store")
+	}
 	for i := range c.TokenPolicies {
 		if err := c.TokenPolicies[i].Validate(i); err != nil {
 			return err
 		}
 	}
-	if c.MaxStreamsPerSession < 0 || c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxRequestBody < 0 || c.AuthFailureLimit < 0 {
-		return errors.New("limits (max-streams-per-session, max-conns, max-conns-per-ip, max-request-body, auth-failure-limit) must not be negative")
+	if c.MaxStreamsPerSession < 0 || c.MaxConns < 0 || c.MaxConnsPerIP < 0 || c.MaxRequestBody < 0 || c.AuthFailureLimit < 0 ||
+		c.MaxRequestsPerIP < 0 || c.MaxAgentConns < 0 || c.MaxAgentConnsPerIP < 0 {
+		return errors.New("limits (max-streams-per-session, max-conns, max-conns-per-ip, max-requests-per-ip, max-agent-conns, max-agent-conns-per-ip, max-request-body, auth-failure-limit) must not be negative")
+	}
+	if c.MaxResponseHead > mux.MaxResponseHead {
+		return fmt.Errorf("max-response-head %d: at most %d (what an agent holds its local service to)", c.MaxResponseHead, mux.MaxResponseHead)
 	}
 	for _, n := range c.ReservedNames {
 		if err := registry.ValidateSubdomain(n, nil); err != nil {

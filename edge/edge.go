@@ -20,10 +20,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 
 	"github.com/ngstone/ngstone/certs"
 	"github.com/ngstone/ngstone/mux"
@@ -32,12 +35,16 @@ import (
 
 // Edge is one edge server. New builds it without I/O; Start binds and serves.
 type Edge struct {
-	cfg     Config
-	log     *slog.Logger
-	store   registry.Store
-	certs   *certs.Manager
-	proxy   http.Handler
-	metrics *metrics
+	cfg   Config
+	log   *slog.Logger
+	store registry.Store
+	// persist is the store when it outlives the process (RegistryFile);
+	// restoredFloor is the highest session id of the process before.
+	persist       *registry.Bolt
+	restoredFloor uint64
+	certs         *certs.Manager
+	proxy         http.Handler
+	metrics       *metrics
 	// cluster is nil on an edge that runs alone.
 	cluster      *cluster
 	clusterProxy http.Handler
@@ -55,7 +62,9 @@ type Edge struct {
 	closing  bool
 
 	listeners map[string]net.Listener
-	servers   []*http.Server
+	servers   []*http.Server   // admin and cluster
+	visitors  []*visitorServer // http and https
+	slots     visitorSlots
 	ctrlLn    net.Listener
 	wg        sync.WaitGroup
 	stop      context.CancelFunc
@@ -96,19 +105,19 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 			return nil, err
 		}
 		e.cluster, e.store = c, c.store
-		e.clusterProxy = e.newClusterProxy()
+		e.clusterProxy = e.newProxy(true)
 	}
 	m, err := certs.New(cfg.TLS, log, e.certPolicy)
 	if err != nil {
 		return nil, err
 	}
 	e.certs = m
-	e.proxy = e.newProxy()
+	e.proxy = e.newProxy(false)
 	e.metrics = newMetrics(e)
 	return e, nil
 }
 
-// Start obtains certificates, binds every listener and serves until Close
+// Start binds every listener, starts certificates and serves until Close
 // or Shutdown. After an error it has released whatever it had bound.
 func (e *Edge) Start(ctx context.Context) (err error) {
 	ctx, e.stop = context.WithCancel(context.WithoutCancel(ctx))
@@ -117,10 +126,19 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 			e.Close()
 		}
 	}()
-	if err := e.certs.Start(ctx); err != nil {
-		return err
+	if e.cfg.RegistryFile != "" && e.cluster == nil {
+		if err := e.openRegistry(); err != nil {
+			return err
+		}
 	}
 	if err := e.listen(); err != nil {
+		return err
+	}
+	// The ACME modes answer challenges on these listeners, and do not
+	// wait for a CA: a missing certificate shows in /healthz and refused
+	// handshakes, never in a failed start.
+	e.certs.UseListeners(e.Addr("http"), e.Addr("https"))
+	if err := e.certs.Start(ctx); err != nil {
 		return err
 	}
 	if e.cluster != nil {
@@ -156,12 +174,12 @@ func (e *Edge) listen() error {
 
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
-		e.serveHTTP(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
+		e.serveVisitors(e.limitVisitors(ln), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
 		// Batched: a visitor's upload is read up to 256 KiB a syscall, and
-		// the records of one response write leave in one (copyResponse).
-		e.serveHTTP(mux.BatchedListener(e.limitVisitors(ln)), e.metrics.instrument(e.visitorHandler()), e.certs.TLSConfig())
+		// the records of one response write leave in one (visitorWriter).
+		e.serveVisitors(mux.BatchedListener(e.limitVisitors(ln)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.certs.TLSConfig())
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -171,16 +189,75 @@ func (e *Edge) serve(ctx context.Context) {
 	}
 	tc := e.certs.TLSConfig()
 	tc.NextProtos = []string{mux.ALPN}
-	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.listeners["control"]), tc)
+	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.limitAgents(e.listeners["control"])), tc)
 	e.wg.Add(2)
 	go e.acceptAgents(ctx)
 	go e.reap(ctx)
 }
 
-// limitVisitors bounds concurrent visitor connections (MaxConns, MaxConnsPerIP).
+// limitVisitors bounds concurrent visitor connections (MaxConns,
+// MaxConnsPerIP), by the visitor's address: behind a load balancer that
+// speaks PROXY protocol (ProxyProtocol), the one its header gives.
 func (e *Edge) limitVisitors(ln net.Listener) net.Listener {
-	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, func(addr string) {
+	if e.cfg.ProxyProtocol {
+		ln = &proxyproto.Listener{Listener: ln, ConnPolicy: e.proxyPolicy, ReadHeaderTimeout: e.cfg.ReadHeaderTimeout}
+	}
+	return newLimitListener(ln, e.cfg.MaxConns, e.cfg.MaxConnsPerIP, e.cfg.ProxyProtocol, func(addr string) {
+		e.metrics.limited(limitVisitorConns)
 		e.log.Debug("visitor connection refused: connection limit", "remote", addr)
+	})
+}
+
+// proxyPolicy is PROXY protocol's rule: a trusted source (ProxyProtocolFrom)
+// must send the header, whose address is the visitor's; any other may not
+// send one (a connection that does is refused), and is the visitor itself.
+func (e *Edge) proxyPolicy(o proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) {
+	if ta, ok := o.Upstream.(*net.TCPAddr); ok {
+		if ip, ok := netip.AddrFromSlice(ta.IP); ok {
+			for _, p := range e.cfg.ProxyProtocolFrom {
+				if p.Contains(ip.Unmap()) {
+					return proxyproto.REQUIRE, nil
+				}
+			}
+		}
+	}
+	return proxyproto.REJECT, nil
+}
+
+// limitAgents bounds concurrent control connections, before any TLS work
+// (MaxAgentConns, MaxAgentConnsPerIP).
+func (e *Edge) limitAgents(ln net.Listener) net.Listener {
+	return newLimitListener(ln, e.cfg.MaxAgentConns, e.cfg.MaxAgentConnsPerIP, false, func(addr string) {
+		e.metrics.limited(limitAgentConns)
+		e.log.Debug("agent connection refused: connection limit", "remote", addr)
+	})
+}
+
+// serveVisitors serves a visitor listener: over TLS when tc is set.
+func (e *Edge) serveVisitors(ln net.Listener, h http.Handler, tc *tls.Config) {
+	v := e.newVisitorServer(ln, h, tc)
+	e.visitors = append(e.visitors, v)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if err := v.serve(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
+			e.log.Error("listener stopped", "addr", ln.Addr().String(), "err", err)
+		}
+	}()
+}
+
+// withTLSState gives requests read by the HTTP/1.1 server from a
+// connection the edge shook hands with the TLS state net/http would have
+// set itself.
+func withTLSState(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			if c, ok := r.Context().Value(connKey{}).(*tls.Conn); ok {
+				st := c.ConnectionState()
+				r.TLS = &st
+			}
+		}
+		h.ServeHTTP(w, r)
 	})
 }
 
@@ -192,9 +269,6 @@ func (e *Edge) serveHTTP(ln net.Listener, h http.Handler, tc *tls.Config) {
 		IdleTimeout:       e.cfg.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          e.certs.ErrorLog(),
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, connKey{}, c)
-		},
 	}
 	e.servers = append(e.servers, srv)
 	e.wg.Add(1)
@@ -263,9 +337,13 @@ func (e *Edge) Run(ctx context.Context) error {
 	return e.Shutdown(sctx)
 }
 
-// Shutdown stops accepting visitors and agents, tells agents to go away
-// (they reconnect with takeover), waits for in-flight requests until ctx
-// ends, then closes everything.
+// Shutdown stops the edge in the order that loses no accepted request: no
+// new agents or binds; sessions whose agent is already silent closed at
+// once (their requests get tunnel_offline now rather than hold the rest
+// up); no new visitor connections, while every request already read is
+// routed and answered with the agents still connected; only then are the
+// agents told to go away (they reconnect, with takeover). ctx bounds the
+// whole; then Close.
 func (e *Edge) Shutdown(ctx context.Context) error {
 	e.mu.Lock()
 	e.closing = true
@@ -274,15 +352,26 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 	if e.ctrlLn != nil {
 		e.ctrlLn.Close()
 	}
+	now := time.Now()
 	for _, s := range sessions {
-		s.send(&mux.GoAway{Reason: "edge shutting down"})
+		if s.helloDone() && !s.live(now) {
+			s.close()
+		}
 	}
 	var wg sync.WaitGroup
 	for _, srv := range e.servers {
 		wg.Add(1)
 		go func() { defer wg.Done(); srv.Shutdown(ctx) }()
 	}
+	for _, v := range e.visitors {
+		wg.Add(1)
+		go func() { defer wg.Done(); v.shutdown(ctx) }()
+	}
 	wg.Wait()
+	e.recordHeard()
+	for _, s := range sessions {
+		s.send(&mux.GoAway{Reason: "edge shutting down"})
+	}
 	for _, s := range sessions {
 		s.streams.Wait(ctx, s.closed)
 	}
@@ -308,6 +397,9 @@ func (e *Edge) Close() error {
 		for _, srv := range e.servers {
 			srv.Close()
 		}
+		for _, v := range e.visitors {
+			v.close()
+		}
 		for _, ln := range e.listeners {
 			ln.Close()
 		}
@@ -315,10 +407,16 @@ func (e *Edge) Close() error {
 			s.close()
 		}
 		e.wg.Wait()
-		// A shared store outlives this edge: leave it nothing of ours.
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		e.releaseOffline(ctx, time.Time{})
-		cancel()
+		if e.persist != nil {
+			// The bindings outlive the process: after a restart, their
+			// agents take them back (and others wait out the window).
+			e.persist.Close()
+		} else {
+			// A shared store outlives this edge: leave it nothing of ours.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			e.releaseOffline(ctx, time.Time{})
+			cancel()
+		}
 		if e.cluster != nil {
 			e.cluster.forward.CloseIdleConnections()
 			e.cluster.store.Close()
@@ -346,8 +444,10 @@ func (e *Edge) session(id uint64) *session {
 // holderLive is the registry's liveness question, computed now: the holder's
 // session exists, is open, and heartbeated within the freshness window.
 func (e *Edge) holderLive(b registry.Binding) bool {
-	s := e.session(b.SessionID)
-	return s != nil && s.live(time.Now())
+	if s := e.session(b.SessionID); s != nil {
+		return s.live(time.Now())
+	}
+	return e.restored(b) && time.Since(b.LastHeard) <= e.restoredWindow()
 }
 
 // certPolicy allows on-demand certificates only for the domain and hostnames
@@ -372,6 +472,7 @@ func (e *Edge) reap(ctx context.Context) {
 	defer e.wg.Done()
 	t := time.NewTicker(max(e.cfg.HeartbeatTimeout/4, time.Millisecond))
 	defer t.Stop()
+	var lastHeard time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -387,6 +488,10 @@ func (e *Edge) reap(ctx context.Context) {
 				}
 			}
 			e.releaseOffline(ctx, now)
+			if now.Sub(lastHeard) >= e.heardEvery() {
+				e.recordHeard()
+				lastHeard = now
+			}
 			e.retryUnclosed()
 			e.auth.sweep(now)
 		}

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-
-	"github.com/ngstone/ngstone/registry"
 )
 
 // ErrBadHost is returned by NormalizeHost for an empty or malformed Host.
@@ -49,18 +47,4 @@ func NormalizeHost(h string) (string, error) {
 		return "", fmt.Errorf("%w: empty label", ErrBadHost)
 	}
 	return h, nil
-}
-
-// subdomainOf returns the single label of host under domain, or false when
-// host is the apex, deeper than one label, or outside domain. host and
-// domain are normalised.
-func subdomainOf(host, domain string) (string, bool) {
-	label, ok := strings.CutSuffix(host, "."+domain)
-	if !ok || label == "" || strings.Contains(label, ".") {
-		return "", false
-	}
-	if registry.ValidateSubdomain(label, nil) != nil {
-		return "", false
-	}
-	return label, true
 }

@@ -63,33 +63,6 @@ func TestNormalizeHost(t *testing.T) {
 	}
 }
 
-func TestSubdomainOf(t *testing.T) {
-	tests := map[string]struct {
-		host, domain, want string // want "" means not a tunnel host
-	}{
-		"valid":                {"app.example.com", "example.com", "app"},
-		"digits and hyphen":    {"my-app-2.example.com", "example.com", "my-app-2"},
-		"reserved is still":    {"www.example.com", "example.com", "www"},
-		"localhost domain":     {"app.localhost", "localhost", "app"},
-		"apex":                 {"example.com", "example.com", ""},
-		"two labels deep":      {"x.app.example.com", "example.com", ""},
-		"domain as a prefix":   {"app.example.com.evil.com", "example.com", ""},
-		"no dot boundary":      {"appexample.com", "example.com", ""},
-		"other domain":         {"app.example.org", "example.com", ""},
-		"empty label":          {".example.com", "example.com", ""},
-		"leading hyphen label": {"-app.example.com", "example.com", ""},
-		"64-character label":   {strings.Repeat("a", 64) + ".example.com", "example.com", ""},
-	}
-	for name, tt := range tests {
-		t.Run(name, func(t *testing.T) {
-			got, ok := subdomainOf(tt.host, tt.domain)
-			if got != tt.want || ok != (tt.want != "") {
-				t.Fatalf("subdomainOf(%q, %q) = %q, %v; want %q", tt.host, tt.domain, got, ok, tt.want)
-			}
-		})
-	}
-}
-
 // FuzzNormalizeHost checks NormalizeHost's promise: an error, or a
 // non-empty canonical IP or DNS name that normalises to itself.
 func FuzzNormalizeHost(f *testing.F) {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"strings"
 	"testing"
@@ -109,7 +110,9 @@ func TestTokenSessionLimit(t *testing.T) {
 }
 
 // TestAuthFailuresRateLimited: after the limit of failed hellos, the
-// address is refused before the TLS handshake.
+// address is refused, even with a good token: the first connection after
+// the ban is told why and for how long, inside TLS; the next ones within a
+// second are closed before the TLS handshake.
 func TestAuthFailuresRateLimited(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.Tokens = []string{"good"}
@@ -120,9 +123,15 @@ func TestAuthFailuresRateLimited(t *testing.T) {
 			t.Fatalf("bad token: %v", m)
 		}
 	}
+	_, m := e.DialRaw(t, hello("good"))
+	refusal, ok := m.(*mux.Error)
+	if !ok || refusal.Code != mux.CodeTooManyFailures || refusal.RetryAfterMS <= 0 || refusal.RetryAfterMS > cfg.AuthFailureWindow.Milliseconds() ||
+		!strings.Contains(refusal.Message, "refused until") {
+		t.Fatalf("a good token from a banned address: %+v, want %s with when to retry", m, mux.CodeTooManyFailures)
+	}
 	_, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
 	if err == nil {
-		t.Fatal("a banned address completed a TLS handshake")
+		t.Fatal("a banned address completed a second TLS handshake within a second")
 	}
 }
 
@@ -171,7 +180,7 @@ func TestVisitorRefusals(t *testing.T) {
 		{"bad host characters", req("GET", "http://app."+d+"/", "app_x."+d, nil, nil), 400, mux.CodeBadHost},
 		{"SNI and Host disagree", req("GET", "https://app."+d+"/hello", "other."+d, nil, nil), 421, mux.CodeMisdirected},
 		{"body too large, declared", req("POST", "http://app."+d+"/echo", "", strings.NewReader(strings.Repeat("x", 2<<10)), nil), 413, mux.CodeBodyTooLarge},
-		{"headers too large", req("GET", "http://app."+d+"/hello", "", nil, func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("x", 70<<10)) }), 431, ""},
+		{"headers too large", req("GET", "http://app."+d+"/hello", "", nil, func(r *http.Request) { r.Header.Set("X-Big", strings.Repeat("x", 70<<10)) }), 431, mux.CodeHeadersTooLarge},
 		{"within limits", req("POST", "http://app."+d+"/echo", "", strings.NewReader("small"), nil), 200, ""},
 	}
 	for _, tc := range cases {
@@ -461,5 +470,48 @@ func TestTakenNameSaysWhenItFrees(t *testing.T) {
 	silent, left := ds[0], ds[1]
 	if silent < 2*time.Second || left <= 0 || silent+left < 5900*time.Millisecond || silent+left > 6100*time.Millisecond {
 		t.Errorf("silent %s and frees in %s, for a 6s heartbeat timeout: %q", silent, left, msg)
+	}
+}
+
+// TestEarlyAnswerWhileUploading: the local service answers before it has
+// read the visitor's body, while the edge's writer of the stream is still
+// waiting for more of it; the exchange ends with the answer and the writer
+// is stopped without touching the finished response (an HTTP/2 response
+// writer that is used after its handler returned crashes the edge).
+func TestEarlyAnswerWhileUploading(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.NewResponseController(w).EnableFullDuplex() // answer now, whatever the body
+		w.Header().Set("Content-Length", "5")
+		io.WriteString(w, "hello")
+	}))
+	t.Cleanup(local.Close)
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "early"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	for _, h2 := range []bool{false, true} {
+		c := e.Client()
+		if !h2 {
+			c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+		}
+		for i := range 20 {
+			pr, pw := io.Pipe()
+			req, _ := http.NewRequest("POST", tunneltest.URL("https", "early", "/hello"), pr)
+			go pw.Write(make([]byte, 1000)) // then nothing, until the answer is in
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatalf("h2 %v, round %d: %v", h2, i, err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(body) != "hello" {
+				t.Fatalf("h2 %v, round %d: %d %q", h2, i, resp.StatusCode, body)
+			}
+			pw.CloseWithError(errors.New("the visitor gives up its upload"))
+		}
+		c.CloseIdleConnections()
+	}
+	if code, _ := visitorStatus(t, e.Client(), mustReq(tunneltest.URL("https", "early", "/hello"))); code != http.StatusOK {
+		t.Fatalf("the edge after the uploads: %d", code)
 	}
 }

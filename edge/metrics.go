@@ -34,6 +34,8 @@ type metrics struct {
 	binds       *prometheus.CounterVec // result
 	evictions   prometheus.Counter
 	sessionEnds *prometheus.CounterVec // cause
+	limits      *prometheus.CounterVec // limit
+	acceptErrs  *prometheus.CounterVec // listener
 
 	// classes caches, by status/100, the children a request ends in, so
 	// the common request costs no label hashing: see observe.
@@ -61,6 +63,25 @@ const (
 	bindOK       = "ok"
 	bindTakeover = "takeover"
 )
+
+// Limits, the values of ngstone_limits_total{limit}.
+const (
+	limitVisitorConns    = "visitor_conns"    // MaxConns, MaxConnsPerIP
+	limitVisitorRequests = "visitor_requests" // MaxRequestsPerIP
+	limitSessionStreams  = "session_streams"  // MaxStreamsPerSession
+	limitResponseHead    = "response_head"    // MaxResponseHead
+	limitWriteTimeout    = "write_timeout"    // WriteTimeout
+	limitReadTimeout     = "read_timeout"     // ReadTimeout
+	limitAgentConns      = "agent_conns"      // MaxAgentConns, MaxAgentConnsPerIP
+	limitAuthBan         = "auth_ban"         // AuthFailureLimit
+	limitIPDenied        = "ip_denied"        // a binding's --allow-cidr, --deny-cidr
+)
+
+// limited counts a bound that was hit.
+func (m *metrics) limited(limit string) { m.limits.WithLabelValues(limit).Inc() }
+
+// acceptFailed counts an accept error on a listener.
+func (m *metrics) acceptFailed(listener string) { m.acceptErrs.WithLabelValues(listener).Inc() }
 
 // maxCertLabels bounds the per-certificate expiry series; past it (autocert,
 // on-demand) only the earliest expiry and the count are exposed.
@@ -99,7 +120,15 @@ func newMetrics(e *Edge) *metrics {
 			Help: "Agent sessions ended, by cause: closed, evicted, heartbeat_timeout, shutdown.",
 		}, []string{"cause"}),
 	}
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds)
+	m.limits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_limits_total",
+		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban, ip_denied.",
+	}, []string{"limit"})
+	m.acceptErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_accept_errors_total",
+		Help: "Accept errors on a listener (retried with backoff), by listener: visitor, control.",
+	}, []string{"listener"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
@@ -125,7 +154,15 @@ func newMetrics(e *Edge) *metrics {
 				}
 				return 0
 			}),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "ngstone_cluster_lease_lost_total",
+				Help: "Times this edge lost its cluster lease (and closed its agents' sessions).",
+			}, func() float64 { return float64(c.leaseLost.Load()) }),
+			gaugeFunc("ngstone_cluster_route_cache_age_seconds", "Time since etcd last confirmed this edge's route cache current; past --cluster-route-staleness every route is read from etcd.", func() float64 {
+				return c.store.RouteStats().Age.Seconds()
+			}),
 		)
+		m.reg.MustRegister(routeCounters(c.store)...)
 	}
 	for _, r := range []string{bindOK, bindTakeover, mux.CodeSubdomainTaken, mux.CodeInvalidName, mux.CodeReservedName, mux.CodeUnauthorized} {
 		m.binds.WithLabelValues(r) // present at zero, so rate() works from the start
@@ -134,6 +171,28 @@ func newMetrics(e *Edge) *metrics {
 		m.sessionEnds.WithLabelValues(c)
 	}
 	return m
+}
+
+// routeCounters are ngstone_cluster_routes_total{source}: visitor routes
+// answered from the fresh route cache, read from etcd, and refused (503
+// tunnel_offline) because etcd did not answer in time or too many reads
+// were in flight.
+func routeCounters(store ClusterStore) []prometheus.Collector {
+	sources := map[string]func(registry.RouteStats) uint64{
+		"cache":  func(r registry.RouteStats) uint64 { return r.Cached },
+		"etcd":   func(r registry.RouteStats) uint64 { return r.Reread },
+		"failed": func(r registry.RouteStats) uint64 { return r.Failed },
+		"busy":   func(r registry.RouteStats) uint64 { return r.Busy },
+	}
+	var out []prometheus.Collector
+	for source, count := range sources {
+		out = append(out, prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "ngstone_cluster_routes_total",
+			Help:        "Visitor routes by where they came from: the route cache while etcd confirmed it fresh (cache), etcd (etcd), or none because etcd did not answer in time (failed) or too many hostnames were being read (busy).",
+			ConstLabels: prometheus.Labels{"source": source},
+		}, func() float64 { return float64(count(store.RouteStats())) }))
+	}
+	return out
 }
 
 func gaugeFunc(name, help string, f func() float64) prometheus.GaugeFunc {
@@ -223,6 +282,10 @@ type certCollector struct {
 	expiry   *prometheus.Desc
 	earliest *prometheus.Desc
 	count    *prometheus.Desc
+	attempts *prometheus.Desc
+	failures *prometheus.Desc
+	refused  *prometheus.Desc
+	next     *prometheus.Desc
 }
 
 func newCertCollector(m *certs.Manager, cfg certs.Config) *certCollector {
@@ -235,6 +298,14 @@ func newCertCollector(m *certs.Manager, cfg certs.Config) *certCollector {
 		earliest: prometheus.NewDesc("ngstone_certificate_earliest_expiry_timestamp_seconds",
 			"Expiry (NotAfter, unix seconds) of the certificate served that expires first.", nil, nil),
 		count: prometheus.NewDesc("ngstone_certificates", "Certificates served.", nil, nil),
+		attempts: prometheus.NewDesc("ngstone_certificate_attempts_total",
+			"Attempts to obtain or renew a certificate from the ACME CA, by kind (obtain, renew).", []string{"kind"}, nil),
+		failures: prometheus.NewDesc("ngstone_certificate_failures_total",
+			"Failed attempts to obtain or renew a certificate, by kind and reason (dns_unreachable, dns_auth, dns_update, dns_propagation, acme_unreachable, rate_limited, validation, acme_error, other).", []string{"kind", "reason"}, nil),
+		refused: prometheus.NewDesc("ngstone_tls_handshakes_refused_total",
+			"TLS handshakes refused for want of a certificate, by reason (no_certificate, backoff, host_not_allowed, rate_limited, error).", []string{"reason"}, nil),
+		next: prometheus.NewDesc("ngstone_certificate_next_attempt_timestamp_seconds",
+			"When the next attempt for a certificate whose last attempt failed is due (unix seconds); absent while none is failing.", nil, nil),
 	}
 }
 
@@ -242,9 +313,32 @@ func (c *certCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.expiry
 	ch <- c.earliest
 	ch <- c.count
+	ch <- c.attempts
+	ch <- c.failures
+	ch <- c.refused
+	ch <- c.next
+}
+
+// collectStats exposes the certs.Manager's counters; kinds and reasons are
+// fixed sets, so the series are bounded.
+func (c *certCollector) collectStats(ch chan<- prometheus.Metric) {
+	st := c.certs.Stats()
+	for _, n := range st.Attempts {
+		ch <- prometheus.MustNewConstMetric(c.attempts, prometheus.CounterValue, float64(n.N), n.Kind)
+	}
+	for _, n := range st.Failures {
+		ch <- prometheus.MustNewConstMetric(c.failures, prometheus.CounterValue, float64(n.N), n.Kind, n.Reason)
+	}
+	for _, n := range st.Refused {
+		ch <- prometheus.MustNewConstMetric(c.refused, prometheus.CounterValue, float64(n.N), n.Reason)
+	}
+	if !st.NextAttempt.IsZero() {
+		ch <- prometheus.MustNewConstMetric(c.next, prometheus.GaugeValue, float64(st.NextAttempt.UnixMilli())/1e3)
+	}
 }
 
 func (c *certCollector) Collect(ch chan<- prometheus.Metric) {
+	c.collectStats(ch)
 	na := c.certs.NotAfter()
 	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(len(na)))
 	var first time.Time
@@ -267,7 +361,9 @@ var visitorCodes = map[string]bool{
 	mux.CodeTunnelNotFound: true, mux.CodeTunnelOffline: true, mux.CodeUpstreamUnreachable: true,
 	mux.CodeUpstreamTimeout: true, mux.CodeTunnelInterrupted: true, mux.CodeTunnelTimeout: true,
 	mux.CodeBadHost: true, mux.CodeMisdirected: true, mux.CodeHeadersTooLarge: true,
-	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true,
+	mux.CodeBodyTooLarge: true, mux.CodeTooManyRequests: true, mux.CodeBadResponse: true,
+	mux.CodeBadRequest: true, mux.CodeMethodNotAllowed: true, mux.CodeVisitorLimit: true,
+	mux.CodeBasicAuthRequired: true, mux.CodeIPDenied: true,
 }
 
 // instrument counts visitor requests, their duration and their bytes.

@@ -3,6 +3,7 @@ package edge
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -12,6 +13,14 @@ import (
 
 	"github.com/ngstone/ngstone/mux"
 )
+
+// Every visitor request takes one path through the edge: the visitor
+// handler refuses what may not cross (checkVisitor), then
+// httputil.ReverseProxy relays the request, rewritten by one rule
+// (rewriteOutbound), to a new stream of the owning session, or to the edge
+// that holds it; the owner of a forwarded request relays it the same way,
+// keeping what the first edge vouched for. What crosses, in both
+// directions, is what net/http's reverse proxy lets through.
 
 // route is what the visitor handler resolved for one request; the
 // transport's dialer opens its stream on exactly this session.
@@ -34,82 +43,203 @@ var errTooManyStreams = errors.New("edge: session at its concurrent request limi
 // visitorHandler routes visitor requests by Host.
 func (e *Edge) visitorHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host, err := NormalizeHost(r.Host)
-		if err != nil {
-			mux.WriteVisitorError(w, mux.CodeBadHost, r.Host)
-			return
-		}
-		if _, ok := subdomainOf(host, e.cfg.Domain); !ok {
-			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
-			return
-		}
-		if r.TLS != nil && r.TLS.ServerName != "" && !strings.EqualFold(strings.TrimSuffix(r.TLS.ServerName, "."), host) {
-			// A connection made for one tunnel must not carry requests
-			// for another (HTTP/2 connection reuse, or a forged Host).
-			mux.WriteVisitorError(w, mux.CodeMisdirected, host)
+		host, code := e.checkVisitor(r)
+		if code != "" {
+			mux.WriteVisitorErrorFor(w, r, code, host)
 			return
 		}
 		if max := e.cfg.MaxRequestBody; max > 0 {
 			if r.ContentLength > max {
-				mux.WriteVisitorError(w, mux.CodeBodyTooLarge, host)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeBodyTooLarge, host)
 				return
 			}
 			r.Body = http.MaxBytesReader(w, r.Body, max)
 		}
-		b, ok := e.lookup(r.Context(), host)
+		b, ok, err := e.lookup(r.Context(), host)
+		if err != nil {
+			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+			return
+		}
 		if !ok {
-			mux.WriteVisitorError(w, mux.CodeTunnelNotFound, host)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, host)
 			return
 		}
 		rt := route{node: b.Node, hostname: host, generation: b.Generation}
 		if e.local(b) {
 			rt.s = e.session(b.SessionID)
 			if rt.s == nil || !rt.s.live(time.Now()) {
-				mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
+				return
+			}
+			if ip, ok := visitorIP(r, false); !ok || !rt.s.allows(host, ip) {
+				e.metrics.limited(limitIPDenied)
+				mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, host)
 				return
 			}
 		}
-		e.serveRoute(w, r, rt, false, e.proxy)
+		release, ok := e.slots.acquire(host, hostOf(r.RemoteAddr), e.cfg.MaxRequestsPerIP)
+		if !ok {
+			e.metrics.limited(limitVisitorRequests)
+			mux.WriteVisitorErrorFor(w, r, mux.CodeVisitorLimit, host)
+			return
+		}
+		defer release()
+		e.serveRoute(w, r, rt, e.proxy)
 	})
 }
 
-// serveRoute sends r along rt: straight to the stream of a session of this
-// edge, or through proxy (an upgrade, or a tunnel another edge holds).
-// forwarded: r came from another edge, whose X-Forwarded-* it keeps.
-func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, forwarded bool, proxy http.Handler) {
+// checkVisitor applies the edge's rules for what a visitor may send, before
+// anything is looked up: the Host must be a name under the domain (over
+// HTTPS, the one the connection was made for), and the request an origin
+// request of visible characters. Whether a tunnel is bound to the host (a
+// name under the domain, or a hostname of an agent's own) the registry
+// says next. It returns the normalized host, and a visitor error code when
+// the request is refused.
+func (e *Edge) checkVisitor(r *http.Request) (string, string) {
+	host, err := NormalizeHost(r.Host)
+	switch {
+	case err != nil:
+		return r.Host, mux.CodeBadHost
+	case r.Method == http.MethodConnect:
+		// The tunnel serves origin requests; a CONNECT asks the edge to
+		// be a forward proxy.
+		return host, mux.CodeMethodNotAllowed
+	case !visibleASCII(r.RequestURI):
+		return host, mux.CodeBadRequest
+	case r.ProtoMajor == 2 && !allEqualFold(r.Header["Host"], r.Host):
+		// An HTTP/2 host field naming another host than :authority
+		// (RFC 9113, 8.3.1): net/http routes by :authority and never
+		// writes the field on, but the request is malformed.
+		return host, mux.CodeBadRequest
+	}
+	if r.TLS != nil && !strings.EqualFold(strings.TrimSuffix(r.TLS.ServerName, "."), host) {
+		// A connection made for one tunnel (or for none: no SNI) must not
+		// carry requests for another: HTTP/2 connection reuse, or a
+		// forged Host.
+		return host, mux.CodeMisdirected
+	}
+	return host, ""
+}
+
+// allEqualFold reports whether every value is s, in any case.
+func allEqualFold(values []string, s string) bool {
+	for _, v := range values {
+		if !strings.EqualFold(v, s) {
+			return false
+		}
+	}
+	return true
+}
+
+// visibleASCII reports whether a request target holds only the characters
+// RFC 9112 allows in one (an HTTP/2 :path is not checked for them).
+func visibleASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// serveRoute sends r along rt through proxy: to a stream of a session of
+// this edge, or to the edge that holds the tunnel.
+func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, proxy http.Handler) {
 	// Let bodies stream both ways at once, as the local service may
 	// answer while the visitor is still uploading.
 	http.NewResponseController(w).EnableFullDuplex()
-	if rt.s != nil && !namedIn(r.Header["Connection"], "upgrade") {
-		e.serveDirect(w, r, rt, forwarded)
-		return
-	}
+	w, r, done := e.visitorTimeouts(w, r)
+	defer done()
 	proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
 }
 
-// newProxy builds the reverse proxy for what the direct path (serveDirect)
-// does not take: upgrades, and requests whose tunnel another edge holds.
-func (e *Edge) newProxy() http.Handler {
+// newProxy builds the reverse proxy every visitor request takes. forwarded:
+// the owner's proxy for requests another edge forwarded, whose X-Forwarded-*
+// it keeps (the first edge set them; the link is mutual TLS).
+func (e *Edge) newProxy(forwarded bool) http.Handler {
 	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.SetXForwarded()
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = "ngstone"
-			pr.Out.Host = pr.In.Host
-		},
-		Transport:    &routeTransport{e: e, local: &streamTransport{e: e}},
-		BufferPool:   mux.BufferPool{},
-		ErrorHandler: e.proxyError,
+		Rewrite:        func(pr *httputil.ProxyRequest) { rewriteOutbound(pr, forwarded) },
+		ModifyResponse: modifyResponse,
+		Transport:      &routeTransport{e: e, local: &streamTransport{e: e}},
+		BufferPool:     mux.BufferPool{},
+		ErrorHandler:   e.proxyError,
+		ErrorLog:       slog.NewLogLogger(e.log.Handler(), slog.LevelDebug),
 	}
 }
 
+// forwardedFields are the fields the edge sets from what it saw.
+var forwardedFields = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// rewriteOutbound is the rule for what crosses the edge towards an agent,
+// on every path. The reverse proxy has already dropped the hop-by-hop
+// fields (RFC 9110, 7.6.1), those the Connection field names, and
+// Forwarded and X-Forwarded-For, -Host and -Proto. The edge also drops any
+// other field that claims where the request came from (mux.ForwardingField:
+// X-Real-Ip, X-Forwarded-*, Ngstone-*, and their '_' spellings), sets
+// X-Forwarded-For, -Host and -Proto from the connection it served (or, for
+// a forwarded request, keeps those of the edge that did), keeps the
+// visitor's Host (the request line's target for an absolute-form request,
+// :authority over HTTP/2; a second Host field is never written), and passes
+// on only declared trailers (mux.PassTrailers).
+func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
+	out, in := pr.Out, pr.In
+	for k := range out.Header {
+		if mux.ForwardingField(k) {
+			delete(out.Header, k)
+		}
+	}
+	if forwarded {
+		for _, k := range forwardedFields {
+			if v := in.Header[k]; len(v) > 0 {
+				out.Header[k] = v
+			}
+		}
+	} else {
+		pr.SetXForwarded()
+	}
+	// The edge's own server answers Expect: 100-continue when the body
+	// is read; the field does not cross (nor does the cluster's own).
+	out.Header.Del("Expect")
+	out.URL.Scheme, out.URL.Host = "http", "ngstone"
+	out.Host = in.Host
+	mux.PassTrailers(out, in)
+}
+
+// modifyResponse applies the rule for what crosses back to the visitor:
+// the reverse proxy drops the hop-by-hop fields; the edge drops the
+// cluster's own routing field (an agent's response must not pose as an
+// owner's refusal) and trailers that may not be trailers.
+func modifyResponse(resp *http.Response) error {
+	resp.Header.Del(routeHeader)
+	mux.FilterTrailers(resp)
+	return nil
+}
+
 // dialStream opens a new yamux stream on the request's session.
-func (e *Edge) dialStream(ctx context.Context, _, _ string) (net.Conn, error) {
+func (e *Edge) dialStream(ctx context.Context) (*trackedConn, error) {
 	rt, ok := ctx.Value(routeKey{}).(route)
 	if !ok {
 		return nil, errNoRoute
 	}
 	return e.openStream(rt)
+}
+
+// openStream opens a new stream on rt's session, counted against the
+// session's limit of concurrent requests.
+func (e *Edge) openStream(rt route) (*trackedConn, error) {
+	s := rt.s
+	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
+		return nil, errNoRoute
+	}
+	if !s.streams.TryAdd(e.cfg.MaxStreamsPerSession) {
+		return nil, errTooManyStreams
+	}
+	st, err := s.ys.OpenStream()
+	if err != nil {
+		s.streams.Done()
+		return nil, errors.Join(errNoRoute, err)
+	}
+	return &trackedConn{Conn: st, done: s.streams.Done, s: s}, nil
 }
 
 // proxyError maps a failed exchange of the reverse proxy to the visitor
@@ -120,7 +250,7 @@ func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 // visitorFailed answers a visitor whose exchange failed with the error code
-// that says why.
+// that says why. It is the one place errors meet codes.
 func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname string, err error) {
 	var ne net.Error
 	switch {
@@ -129,17 +259,28 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	case errors.Is(err, errNotBound):
-		mux.WriteVisitorError(w, mux.CodeTunnelNotFound, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, hostname)
 	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
-		mux.WriteVisitorError(w, mux.CodeTunnelOffline, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, hostname)
 	case errors.Is(err, errTooManyStreams):
-		mux.WriteVisitorError(w, mux.CodeTooManyRequests, hostname)
+		e.metrics.limited(limitSessionStreams)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTooManyRequests, hostname)
 	case errors.As(err, new(*http.MaxBytesError)):
-		mux.WriteVisitorError(w, mux.CodeBodyTooLarge, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBodyTooLarge, hostname)
+	case errors.Is(err, errHeadTooLarge):
+		e.metrics.limited(limitResponseHead)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadResponse, hostname)
+	case errors.Is(err, errBadResponse):
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadResponse, hostname)
 	case errors.As(err, &ne) && ne.Timeout():
-		mux.WriteVisitorError(w, mux.CodeTunnelTimeout, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelTimeout, hostname)
+	case errors.Is(err, errVisitorRead):
+		// The visitor's upload stalled or was malformed: what is left of
+		// it on the connection is not a request.
+		w.Header().Set("Connection", "close")
+		mux.WriteVisitorErrorFor(w, r, mux.CodeBadRequest, hostname)
 	default:
-		mux.WriteVisitorError(w, mux.CodeTunnelInterrupted, hostname)
+		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelInterrupted, hostname)
 	}
 	e.log.Debug("visitor request failed", "hostname", hostname, "err", err)
 }
@@ -147,6 +288,7 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 // trackedConn reports its close to the session's in-flight tracker once.
 type trackedConn struct {
 	net.Conn
+	s    *session
 	once sync.Once
 	done func()
 }

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,38 +48,35 @@ type session struct {
 	bindMu sync.Mutex
 
 	mu       sync.Mutex
-	bindings map[string]uint64 // hostname -> generation this session holds
-	fenced   map[string]uint64 // hostname -> highest generation taken from it
+	bindings map[string]uint64         // hostname -> generation this session holds
+	access   map[string]*visitorAccess // hostname -> who may visit it; nil: anyone
+	fenced   map[string]uint64         // hostname -> highest generation taken from it
 	draining bool
 
 	closeOnce sync.Once
 	closed    chan struct{}
 }
 
-// acceptAgents accepts control connections until the listener closes.
+// acceptAgents accepts control connections until the listener closes;
+// accept errors are retried with a backoff (acceptLoop).
 func (e *Edge) acceptAgents(ctx context.Context) {
 	defer e.wg.Done()
-	for {
-		c, err := e.ctrlLn.Accept()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				e.log.Error("control listener stopped", "err", err)
-			}
-			return
-		}
+	acceptLoop(e.ctrlLn, e.log, func() { e.metrics.acceptFailed("control") }, func(c net.Conn) {
 		e.wg.Add(1)
 		go func() {
 			defer e.wg.Done()
 			e.handleAgent(ctx, c)
 		}()
-	}
+	})
 }
 
 // handleAgent runs one agent connection from TLS handshake to close.
 func (e *Edge) handleAgent(ctx context.Context, c net.Conn) {
-	if e.auth.banned(c.RemoteAddr().String(), time.Now()) {
-		// Refused before the TLS handshake: a token sprayer costs nothing.
-		e.log.Debug("agent connection refused: too many failed hellos", "remote", c.RemoteAddr().String())
+	if until, answer, banned := e.auth.banned(c.RemoteAddr().String(), time.Now()); banned {
+		e.metrics.limited(limitAuthBan)
+		if answer {
+			e.refuseBanned(ctx, c, until)
+		}
 		c.Close()
 		return
 	}
@@ -95,6 +93,42 @@ func (e *Edge) handleAgent(ctx context.Context, c net.Conn) {
 		s.refuseAgentStreams()
 	}()
 	s.readControl(ctx)
+}
+
+// refuseBanned tells the agent on c, inside TLS, that its address is
+// refused for failed hellos and when it may try again: a valid agent
+// behind the same address learns why, instead of seeing its connection
+// close. It costs a TLS handshake, at most once every banAnswerEvery per
+// address; other connections from it are closed before TLS.
+func (e *Edge) refuseBanned(ctx context.Context, c net.Conn, until time.Time) {
+	deadline := time.Now().Add(e.cfg.HelloTimeout)
+	hctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if tc, ok := c.(interface {
+		HandshakeContext(context.Context) error
+	}); ok {
+		if err := tc.HandshakeContext(hctx); err != nil {
+			return
+		}
+	}
+	yc, err := e.cfg.Mux.Yamux(nil)
+	if err != nil {
+		return
+	}
+	ys, err := yamux.Server(mux.Coalesce(c), yc)
+	if err != nil {
+		return
+	}
+	s := &session{e: e, ys: ys, closed: make(chan struct{})}
+	defer s.lingerClose()
+	ctrl, err := ys.AcceptStreamWithContext(hctx)
+	if err != nil {
+		return
+	}
+	s.ctrl = ctrl
+	wait := time.Until(until).Round(time.Second)
+	s.send(&mux.Error{Code: mux.CodeTooManyFailures, RetryAfterMS: time.Until(until).Milliseconds(),
+		Message: fmt.Sprintf("this address made too many hellos with a token the edge does not accept; it is refused until %s (in %s): check --authtoken", until.UTC().Format(time.TimeOnly), wait)})
 }
 
 // openSession runs the TLS handshake, the yamux server and the hello, all
@@ -164,38 +198,69 @@ func (s *session) acceptHello(ctx context.Context, h *mux.Hello) error {
 	}
 	if !mux.ValidInstanceID(h.InstanceID) {
 		s.send(&mux.Error{Code: mux.CodeBadRequest, Message: "instance_id must be 32 lower-case hex characters"})
-		return fmt.Errorf("bad instance id %q", h.InstanceID)
+		return errors.New("bad instance id")
 	}
 	policy := e.authenticate(h.Token)
 	if policy == nil {
-		e.auth.fail(s.remote, time.Now())
+		if e.auth.fail(s.remote, time.Now()) {
+			s.log.Warn("agent address refused for a while: too many hellos with a token the edge does not accept",
+				"failures", e.cfg.AuthFailureLimit, "for", e.cfg.AuthFailureWindow)
+		}
 		// Counted before the agent hears of it, which may stop at once.
 		e.metrics.bindResult(mux.CodeUnauthorized)
 		s.send(&mux.Error{Code: mux.CodeUnauthorized, Message: "the edge does not accept this token: check --authtoken"})
 		return errors.New("unauthorized token")
 	}
-	s.instanceID, s.tokenID, s.policy = h.InstanceID, tokenID(h.Token), policy
+	s.instanceID, s.tokenID, s.policy = mux.InstanceDigest(h.InstanceID), tokenID(h.Token), policy
 	s.log = s.log.With("instance", s.instanceID) // before other goroutines can see s
 	s.lastBeat.Store(time.Now().UnixNano())
+	return s.register(ctx)
+}
+
+// register makes the session known, to the cluster registry and to the
+// edge, and tells the agent. It is all or nothing: a session refused, or
+// whose hello_ok could not be sent (the agent left, or gave up during a
+// slow registry call), is forgotten everywhere before it returns, so that
+// it never counts against a token's limit or holds a name.
+func (s *session) register(ctx context.Context) error {
+	e := s.e
 	if err := e.openClusterSession(ctx, s); err != nil {
+		// The write may have happened even though it failed: take it
+		// back (retried until it succeeds).
+		e.closeClusterSession(s.id)
 		return err
 	}
 	if err := e.clusterSessionLimit(ctx, s); err != nil {
 		return err
 	}
-	if err := e.register(s); err != nil {
+	if err := e.addSession(s); err != nil {
 		e.closeClusterSession(s.id)
 		return err
 	}
 	s.hello.Store(true)
-	return s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds()})
+	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR}})
+	if err != nil {
+		e.unregister(s)
+		return fmt.Errorf("send hello_ok: %w", err)
+	}
+	return nil
 }
 
-// register adds s to the edge's sessions, unless the edge is closing or
-// the token is at its session limit (in a cluster, clusterSessionLimit has
-// counted every edge's sessions already). A reconnecting instance's own
+// unregister forgets a session that never got its hello_ok: it holds no
+// binding yet.
+func (e *Edge) unregister(s *session) {
+	e.mu.Lock()
+	delete(e.sessions, s.id)
+	e.mu.Unlock()
+	e.closeClusterSession(s.id)
+}
+
+// addSession adds s to the edge's sessions, unless the edge is closing
+// or the token is at its session limit (in a cluster, clusterSessionLimit
+// has counted every edge's sessions already). A reconnecting instance's own
 // sessions do not count: it is about to take their bindings over.
-func (e *Edge) register(s *session) error {
+func (e *Edge) addSession(s *session) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closing {
@@ -318,14 +383,26 @@ func (s *session) holds(hostname string, gen uint64) bool {
 // addBinding records that the session holds hostname at gen, unless gen
 // was fenced already: a later bind took the name over between the
 // registry's grant and this call.
-func (s *session) addBinding(hostname string, gen uint64) bool {
+func (s *session) addBinding(hostname string, gen uint64, access *visitorAccess) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if gen <= s.fenced[hostname] {
 		return false
 	}
 	s.bindings[hostname] = gen
+	if s.access == nil {
+		s.access = map[string]*visitorAccess{}
+	}
+	s.access[hostname] = access
 	return true
+}
+
+// allows reports whether a visitor at ip may reach hostname through s.
+func (s *session) allows(hostname string, ip netip.Addr) bool {
+	s.mu.Lock()
+	a := s.access[hostname]
+	s.mu.Unlock()
+	return a.allows(ip)
 }
 
 // fence takes hostname from the session up to generation gen: a binding at
@@ -338,6 +415,7 @@ func (s *session) fence(hostname string, gen uint64) (fresh bool, left int) {
 	defer s.mu.Unlock()
 	if g, ok := s.bindings[hostname]; ok && g <= gen {
 		delete(s.bindings, hostname)
+		delete(s.access, hostname)
 	}
 	fresh = gen > s.fenced[hostname]
 	if fresh {
@@ -428,16 +506,20 @@ func (e *Edge) endSession(s *session) {
 	s.log.Info("agent disconnected", "offline_bindings", len(held))
 }
 
-// offlineBinding is a binding whose session ended without unbinding.
+// offlineBinding is a binding whose session ended without unbinding, or
+// whose release failed: it is released after until.
 type offlineBinding struct {
 	host    string
 	session uint64
 	gen     uint64
 	until   time.Time
+	tries   int // failed releases so far
 }
 
 // releaseOffline releases the offline bindings whose grace has passed (all
-// of them when now is zero).
+// of them when now is zero). A release that fails (the registry did not
+// answer) is tried again at the next tick, until it succeeds or finds the
+// binding moved on: compare-and-delete makes a late release harmless.
 func (e *Edge) releaseOffline(ctx context.Context, now time.Time) {
 	e.mu.Lock()
 	var due []offlineBinding
@@ -452,12 +534,27 @@ func (e *Edge) releaseOffline(ctx context.Context, now time.Time) {
 	e.offline = keep
 	e.mu.Unlock()
 	for _, o := range due {
-		ok, err := e.store.Release(ctx, o.host, o.session, o.gen)
-		if err != nil {
-			e.log.Warn("release failed", "hostname", o.host, "session", o.session, "err", err)
-		} else if ok {
-			e.log.Info("offline binding released", "hostname", o.host, "session", o.session, "generation", o.gen)
+		e.release(ctx, o)
+	}
+}
+
+// release releases one binding, compare-and-delete, or queues it to be
+// tried again.
+func (e *Edge) release(ctx context.Context, o offlineBinding) {
+	ok, err := e.store.Release(ctx, o.host, o.session, o.gen)
+	switch {
+	case err != nil:
+		o.tries++
+		if o.tries == 1 || o.tries%100 == 0 {
+			e.log.Warn("release failed; retrying", "hostname", o.host, "session", o.session, "generation", o.gen, "tries", o.tries, "err", err)
 		}
+		e.mu.Lock()
+		if !e.closing {
+			e.offline = append(e.offline, o)
+		}
+		e.mu.Unlock()
+	case ok:
+		e.log.Info("binding released", "hostname", o.host, "session", o.session, "generation", o.gen)
 	}
 }
 

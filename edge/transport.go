@@ -6,10 +6,10 @@ import (
 	"errors"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,94 +18,163 @@ import (
 )
 
 // streamTransport runs each request as one HTTP/1.1 exchange on a new
-// stream of the request's session. It stands in for http.Transport, whose
-// dial machinery, two goroutines and two buffers per connection cost more
-// than the exchange itself when no connection is ever reused; here a stream
-// is never pooled, so it can never serve another session or generation.
+// stream of the request's session, with net/http's own framing: the request
+// written by Request.Write, the response read by http.ReadResponse. It
+// stands in for http.Transport, whose dial machinery, two goroutines and
+// two buffers per connection cost more than the exchange itself when no
+// connection is ever reused; here a stream is never pooled, so it can never
+// serve another session or generation. It bounds what http.Transport
+// bounds: the response head's size (MaxResponseHead), the wait for it
+// (TunnelTimeout, from the end of the request body, as
+// ResponseHeaderTimeout), and the informational responses before it.
 type streamTransport struct{ e *Edge }
 
 // requestWriters buffer the request line, headers and body chunks of
 // uploads, so an upload leaves in frames of this size.
 var requestWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 32<<10) }}
 
+// Errors of an exchange with an agent, for visitorFailed.
+var (
+	// errHeadTooLarge: the response head (informational heads included)
+	// is over MaxResponseHead.
+	errHeadTooLarge = errors.New("edge: the agent's response head is over the limit")
+	// errBadResponse: the agent sent what is not a response, or ended
+	// the stream before one while its session is up.
+	errBadResponse = errors.New("edge: the agent sent no readable response")
+	// errVisitorRead: the visitor's request body broke or stalled.
+	errVisitorRead = errors.New("edge: reading the visitor's request body")
+)
+
 func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	conn, err := t.e.dialStream(req.Context(), "", "")
+	conn, err := t.e.dialStream(req.Context())
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
 		}
 		return nil, err
 	}
-	// The reverse proxy passes informational responses on.
-	x := &exchange{conn: conn, trace: httptrace.ContextClientTrace(req.Context())}
-	hasBody := req.Body != nil && req.Body != http.NoBody
-	resp, _, err := x.start(req, hasBody, func() error { return writeRequest(conn, req) }, t.e.cfg.TunnelTimeout)
-	return resp, err
+	x := &exchange{
+		conn: conn, trace: httptrace.ContextClientTrace(req.Context()),
+		headMax: t.e.cfg.MaxResponseHead, timeout: t.e.cfg.TunnelTimeout,
+	}
+	return x.start(req)
 }
 
-// start runs the exchange up to the response head: it writes the request
-// with write, at once when it has no body and on a goroutine of its own
-// otherwise (the agent may answer before it has read all of the body, and
-// the body streams while the response is read), then reads the response
-// head within timeout. The exchange ends when req's context does. When the
-// body streams, wrote receives write's error. On an error the exchange is
-// over.
-func (x *exchange) start(req *http.Request, hasBody bool, write func() error, timeout time.Duration) (resp *http.Response, wrote <-chan error, err error) {
+// exchange is one request's stream; closing it ends the exchange. It is
+// also the response body the reverse proxy reads and closes.
+type exchange struct {
+	conn    *trackedConn
+	trace   *httptrace.ClientTrace // passes informational responses on
+	headMax int64
+	timeout time.Duration
+
+	src  headLimit     // the stream, bounded while the head is read
+	br   *bufio.Reader // reads src
+	body io.ReadCloser // the response body, read from br
+	eof  bool          // body has returned io.EOF: it reads br no more
+	stop func() bool
+
+	mu       sync.Mutex
+	headDone bool        // the final head was read: the timer is not needed
+	timer    *time.Timer // the tunnel timeout, armed once the request is sent
+	timedOut atomic.Bool
+	once     sync.Once
+}
+
+// start writes the request, at once when it has no body and on a goroutine
+// of its own otherwise (the agent may answer before it has read all of the
+// body, and the body streams while the response is read), then reads the
+// response head. The exchange ends when req's context does; on an error it
+// is over.
+func (x *exchange) start(req *http.Request) (*http.Response, error) {
 	x.stop = context.AfterFunc(req.Context(), x.close)
-	if !hasBody {
-		if err := write(); err != nil {
-			x.close()
-			return nil, nil, err
-		}
-	} else {
-		ch := make(chan error, 1)
+	if req.Body != nil && req.Body != http.NoBody {
 		go func() {
-			err := write()
-			ch <- err // before the close, which the response read sees
-			if err != nil {
+			if err := x.write(req); err != nil {
 				x.close()
 			}
 		}()
-		wrote = ch
+	} else if err := x.write(req); err != nil {
+		x.close()
+		return nil, err
 	}
-	resp, err = x.readResponse(req, timeout)
+	resp, err := x.readResponse(req)
 	if err != nil {
 		x.close()
 		x.release()
-		return nil, wrote, err
+		return nil, err
 	}
-	return resp, wrote, nil
+	return resp, nil
 }
 
-func writeRequest(conn net.Conn, req *http.Request) error {
+// write writes req to the stream, then arms the tunnel timeout unless the
+// response head is in already.
+func (x *exchange) write(req *http.Request) error {
 	bw := requestWriters.Get().(*bufio.Writer)
-	bw.Reset(conn)
+	bw.Reset(x.conn)
 	err := req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
 	bw.Reset(nil)
 	requestWriters.Put(bw)
+	if err == nil {
+		x.arm()
+	}
 	return err
 }
 
-// responseReaders read response headers and bodies from streams.
-var responseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+// arm starts the wait for the response head.
+func (x *exchange) arm() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.headDone {
+		return
+	}
+	x.timer = time.AfterFunc(x.timeout, func() {
+		x.timedOut.Store(true)
+		x.close()
+	})
+}
 
-// exchange is one request's stream; closing it ends the exchange. It is
-// also the response body the reverse proxy reads and closes.
-type exchange struct {
-	conn net.Conn
-	br   *bufio.Reader
-	body io.ReadCloser // the response body, read from br
-	eof  bool          // body has returned io.EOF: it reads br no more
-	stop func() bool
-	// Informational responses go to visitor (the direct path) or to
-	// trace (the reverse proxy's); with neither, they are dropped.
-	visitor  http.ResponseWriter
-	trace    *httptrace.ClientTrace
-	timedOut atomic.Bool
-	once     sync.Once
+// headRead stops the wait for the response head, and reports whether it
+// had run out.
+func (x *exchange) headRead() (timedOut bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.headDone = true
+	if x.timer != nil && !x.timer.Stop() {
+		return x.timedOut.Load()
+	}
+	return false
+}
+
+// readErrBody records the error a read of the visitor's body failed with.
+type readErrBody struct {
+	io.ReadCloser
+	mu  sync.Mutex
+	err error
+}
+
+func (b *readErrBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		b.mu.Lock()
+		b.err = err
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+// failed returns the error a read of the visitor's body failed with,
+// marked errVisitorRead (a body over the limit keeps its own type).
+func (b *readErrBody) failed() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.err == nil || errors.As(b.err, new(*http.MaxBytesError)) || errors.Is(b.err, errVisitorRead) {
+		return b.err
+	}
+	return errors.Join(errVisitorRead, b.err)
 }
 
 // close ends the exchange; it may run on another goroutine than the reads
@@ -126,6 +195,9 @@ func (x *exchange) release() {
 	}
 }
 
+// responseReaders read response headers and bodies from streams.
+var responseReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
+
 // errTunnelTimeout: the agent sent no response headers within the tunnel
 // timeout.
 var errTunnelTimeout = timeoutError{}
@@ -136,22 +208,20 @@ func (timeoutError) Error() string   { return "edge: no response headers from th
 func (timeoutError) Timeout() bool   { return true }
 func (timeoutError) Temporary() bool { return true }
 
-// readResponse reads the response headers within timeout, passing
-// informational responses other than 101 on (inform).
-func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http.Response, error) {
+// readResponse reads the response head, passing informational responses
+// other than 101 on.
+func (x *exchange) readResponse(req *http.Request) (*http.Response, error) {
+	x.src = headLimit{r: x.conn, n: x.headMax + responseReaderSize}
 	x.br = responseReaders.Get().(*bufio.Reader)
-	x.br.Reset(x.conn)
-	t := time.AfterFunc(timeout, func() {
-		x.timedOut.Store(true)
-		x.close()
-	})
+	x.br.Reset(&x.src)
 	resp, err := x.readFinal(req)
-	if !t.Stop() && x.timedOut.Load() {
+	if x.headRead() {
 		err = errTunnelTimeout
 	}
 	if err != nil {
 		return nil, err
 	}
+	x.src.n = 1<<63 - 1 // the body is bounded by the visitor's patience, not here
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The reverse proxy copies both ways on an upgraded body, on two
 		// goroutines: its reader is never pooled again.
@@ -164,15 +234,21 @@ func (x *exchange) readResponse(req *http.Request, timeout time.Duration) (*http
 	return resp, nil
 }
 
-var errTooMany1xx = errors.New("edge: too many informational responses from the agent")
+// responseReaderSize is the size of responseReaders' buffers: the head
+// limit allows for what the reader holds of the body beyond it.
+const responseReaderSize = 4 << 10
 
 // readFinal reads informational responses, passing each on, until the
-// final one (or a 101).
+// final one (or a 101). The agent passes on at most mux.Max1xx from its
+// local service, and may send a 100 Continue of its own.
 func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
-	for range mux.Max1xx {
+	for range mux.Max1xx + 2 {
 		resp, err := http.ReadResponse(x.br, req)
 		if err != nil {
-			return nil, err
+			return nil, x.readError(err)
+		}
+		if read := x.headMax + responseReaderSize - x.src.n - int64(x.br.Buffered()); read > x.headMax {
+			return nil, errHeadTooLarge
 		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
 			return resp, nil
@@ -182,31 +258,64 @@ func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	return nil, errTooMany1xx
+	return nil, errors.Join(errBadResponse, errors.New("too many informational responses"))
+}
+
+// readError says why a response head could not be read: the limit, the
+// stream breaking (the session's errors, or the stream's end while the
+// session is down), or an agent that answered with what is not a response.
+func (x *exchange) readError(err error) error {
+	switch {
+	case errors.Is(err, errHeadTooLarge):
+		return errHeadTooLarge
+	case x.src.err != nil && !errors.Is(x.src.err, io.EOF):
+		return err // the stream broke: the session's error
+	case x.conn.s.isClosed() || x.conn.s.ys.IsClosed():
+		return err
+	}
+	return errors.Join(errBadResponse, err)
+}
+
+// headLimit reads at most n bytes more from r, then fails with
+// errHeadTooLarge; it records r's first error.
+type headLimit struct {
+	r   io.Reader
+	n   int64
+	err error
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeadTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	if err != nil && l.err == nil {
+		l.err = err
+	}
+	return n, err
 }
 
 // inform passes an informational response on: 103 Early Hints and the
-// like reach the visitor as they come.
+// like reach the visitor as they come, with their own fields only (the
+// reverse proxy's trace writes them).
 func (x *exchange) inform(code int, h http.Header) error {
-	switch {
-	case x.trace != nil && x.trace.Got1xxResponse != nil:
-		return x.trace.Got1xxResponse(code, textproto.MIMEHeader(h))
-	case x.visitor == nil, code == http.StatusContinue:
-		// The visitor's server sends its own 100 when the body is read.
+	if x.trace == nil || x.trace.Got1xxResponse == nil {
 		return nil
 	}
-	dropHopHeaders(h)
-	// The visitor's header map is both what WriteHeader(1xx) sends and
-	// what the final response will send: the 1xx goes out with its own
-	// fields only, and the map is given back as it was.
-	dst := x.visitor.Header()
-	kept := maps.Clone(dst)
-	clear(dst)
-	maps.Copy(dst, h)
-	x.visitor.WriteHeader(code)
-	clear(dst)
-	maps.Copy(dst, kept)
-	return nil
+	h = maps.Clone(h)
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			h.Del(strings.TrimSpace(f))
+		}
+	}
+	for _, k := range []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade"} {
+		delete(h, k)
+	}
+	return x.trace.Got1xxResponse(code, textproto.MIMEHeader(h))
 }
 
 func (x *exchange) Read(p []byte) (int, error) {

@@ -704,7 +704,10 @@ func TestCoalesceUnsentLimit(t *testing.T) {
 	tc, ts := tlsPair(t, Batched(client), Batched(server))
 	t.Cleanup(func() { tc.Close(); ts.Close() })
 	CoalesceWith(tc, CoalesceConfig{UnsentLimit: 40000})
-	Coalesce(ts)
+	Coalesce(wrapped{ts}) // as the edge's listeners wrap their connections
+	if tcpUnder(struct{ net.Conn }{client}) != nil {
+		t.Error("found a TCP connection beneath a wrapper that does not name it")
+	}
 	for c, want := range map[net.Conn]int{client: 40000, server: DefaultUnsentLimit} {
 		n, err := unsentLimit(c)
 		if errors.Is(err, errors.ErrUnsupported) {
@@ -936,3 +939,8 @@ func TestCoalesceSmallOvertakesBulk(t *testing.T) {
 		t.Errorf("the download's FIN (frame %d) overtook its data (frame %d)", order["fin"], order["bulk"])
 	}
 }
+
+// wrapped is a connection wrapper that names the connection beneath.
+type wrapped struct{ net.Conn }
+
+func (w wrapped) NetConn() net.Conn { return w.Conn }

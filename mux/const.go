@@ -24,8 +24,21 @@ const ALPN = "ngstone/1"
 const MaxFrameSize = 64 << 10
 
 // Max1xx bounds the informational (1xx) responses before the final one
-// that the agent takes from a local service and the edge from an agent.
+// that the agent passes on from a local service. The edge reads at most
+// Max1xx+1 from an agent: those, and the agent's own 100 Continue.
 const Max1xx = 16
+
+// MaxResponseHead is the default bound of a response head, informational
+// heads included, that the edge takes from an agent (its
+// --max-response-head), and the most the agent takes from a local service:
+// the edge states its own bound in hello_ok, and the agent holds local
+// services to the smaller of the two, so that whatever the agent passes
+// on, the edge accepts.
+const MaxResponseHead = 1 << 20
+
+// MaxRequestHead bounds a request head the agent takes from the edge: the
+// edge holds visitors to 64 KiB, and adds a few fields of its own.
+const MaxRequestHead = 1 << 20
 
 // headerSize is the frame header: one byte of type, four of payload length.
 const headerSize = 5
@@ -79,13 +92,16 @@ const (
 	CodeShuttingDown   = "shutting_down"
 	CodeUnavailable    = "unavailable"
 	CodeVersion        = "unsupported_version"
+	// CodeTooManyFailures refuses a hello from an address that failed
+	// too many hellos lately; Error.RetryAfterMS says when to try again.
+	CodeTooManyFailures = "too_many_failures"
 )
 
 // Retryable reports whether an agent should retry after an error or
 // bind_error with code, rather than stop: the edge is going away or could
 // not decide, not refusing.
 func Retryable(code string) bool {
-	return code == CodeShuttingDown || code == CodeUnavailable
+	return code == CodeShuttingDown || code == CodeUnavailable || code == CodeTooManyFailures
 }
 
 // Eviction reasons.

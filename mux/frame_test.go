@@ -46,12 +46,20 @@ func TestWireValues(t *testing.T) {
 		CodeReservedName: "reserved_name", CodeUnauthorized: "unauthorized",
 		CodeLimitExceeded: "limit_exceeded", CodeBadRequest: "bad_request",
 		CodeShuttingDown: "shutting_down", CodeVersion: "unsupported_version",
+		CodeTooManyFailures: "too_many_failures", CodeUnavailable: "unavailable",
 		ReasonTakeover: "takeover",
 	}
 	for got, want := range codes {
 		if got != want {
 			t.Errorf("code %q, want %q", got, want)
 		}
+	}
+	// What every display and the cluster registry hold of an instance.
+	if d := InstanceDigest("0123456789abcdef0123456789abcdef"); d != "e57246916b2c19e4ab04dce1eabacabf" {
+		t.Errorf("InstanceDigest = %s", d)
+	}
+	if MaxResponseHead != 1<<20 || Max1xx != 16 {
+		t.Errorf("MaxResponseHead %d, Max1xx %d", MaxResponseHead, Max1xx)
 	}
 }
 

@@ -1,11 +1,29 @@
 package mux
 
+import (
+	"crypto/sha256"
+	"encoding/hex"
+)
+
 // Hello is the agent's first frame on the control stream.
 type Hello struct {
-	Version    int    `json:"version"`
-	InstanceID string `json:"instance_id"` // 32 lower-case hex characters (ValidInstanceID), fixed for the agent process
+	Version int `json:"version"`
+	// InstanceID is the agent's instance secret: 32 lower-case hex
+	// characters (ValidInstanceID), fixed for the agent process. It
+	// authorizes taking a name back at once, so the edge keeps and shows
+	// only its InstanceDigest.
+	InstanceID string `json:"instance_id"`
 	Token      string `json:"token,omitempty"`
 	Agent      string `json:"agent,omitempty"` // software version, informational
+}
+
+// InstanceDigest is what the edge, the registry and every display show of
+// an instance id, which is a secret: 32 hex characters of a SHA-256 of it.
+// Rule 1 compares digests, which is comparing the secrets; nothing that
+// shows a digest gives away the id it came from.
+func InstanceDigest(id string) string {
+	sum := sha256.Sum256([]byte("ngstone instance v1\x00" + id))
+	return hex.EncodeToString(sum[:16])
 }
 
 // ValidInstanceID reports whether id is an instance id as a hello carries
@@ -29,13 +47,38 @@ type HelloOK struct {
 	// HeartbeatTimeout is the edge's freshness window in milliseconds, so an
 	// agent can warn when its own interval is too long for it.
 	HeartbeatTimeoutMS int64 `json:"heartbeat_timeout_ms,omitempty"`
+	// MaxResponseHead is the edge's bound on a response head from the
+	// agent, in bytes; zero means MaxResponseHead. The agent holds local
+	// services to it.
+	MaxResponseHead int64 `json:"max_response_head,omitempty"`
+	// Features lists what the edge does beyond protocol version 1's first
+	// release (FeatureHostname, FeatureVisitorCIDR): an agent that asks
+	// for one the edge does not list must not go on as if it were done.
+	Features []string `json:"features,omitempty"`
 }
 
-// Bind asks for a hostname. An empty Subdomain asks the edge for a random
-// unused one. Takeover is set on every bind after a reconnect.
+// Features an edge lists in hello_ok.
+const (
+	// FeatureHostname: bind takes a Hostname of the agent's own.
+	FeatureHostname = "hostname"
+	// FeatureVisitorCIDR: bind takes AllowCIDR and DenyCIDR, and the
+	// edge refuses other visitors (403 ip_denied).
+	FeatureVisitorCIDR = "visitor-cidr"
+)
+
+// Bind asks for a hostname: a Subdomain of the edge's domain, or a whole
+// Hostname of the agent's own (FeatureHostname), which the token must
+// allow. Neither asks the edge for a random unused subdomain. Takeover is
+// set on every bind after a reconnect. AllowCIDR and DenyCIDR (prefixes
+// such as 192.0.2.0/24 or 2001:db8::/32) restrict the visitors the edge lets
+// reach the tunnel (FeatureVisitorCIDR): an address in a DenyCIDR prefix,
+// or outside every AllowCIDR prefix when there are any, gets 403 ip_denied.
 type Bind struct {
-	Subdomain string `json:"subdomain,omitempty"`
-	Takeover  bool   `json:"takeover,omitempty"`
+	Subdomain string   `json:"subdomain,omitempty"`
+	Hostname  string   `json:"hostname,omitempty"`
+	Takeover  bool     `json:"takeover,omitempty"`
+	AllowCIDR []string `json:"allow_cidr,omitempty"`
+	DenyCIDR  []string `json:"deny_cidr,omitempty"`
 }
 
 // BindOK grants a binding.
@@ -51,6 +94,7 @@ type BindOK struct {
 // BindError refuses a bind. It is final: the agent must not retry.
 type BindError struct {
 	Subdomain string `json:"subdomain,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
 	Code      string `json:"code"`
 	Message   string `json:"message"`
 }
@@ -90,6 +134,9 @@ type GoAway struct {
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RetryAfterMS, when set, is how long the agent must wait before it
+	// connects again (an address refused for too many failed hellos).
+	RetryAfterMS int64 `json:"retry_after_ms,omitempty"`
 }
 
 func (*Hello) MessageType() Type        { return TypeHello }

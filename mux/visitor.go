@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 )
 
 // ErrorHeader names the header on every response that ngstone (edge or
@@ -26,6 +29,10 @@ const (
 	CodeBodyTooLarge        = "body_too_large"
 	CodeTooManyRequests     = "too_many_requests"
 	CodeBasicAuthRequired   = "basic_auth_required"
+	CodeBadResponse         = "bad_response"
+	CodeMethodNotAllowed    = "method_not_allowed"
+	CodeVisitorLimit        = "visitor_limit"
+	CodeIPDenied            = "ip_denied"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -46,6 +53,11 @@ var visitorErrors = map[string]struct {
 	CodeBodyTooLarge:        {http.StatusRequestEntityTooLarge, "the request body for %s is too large"},
 	CodeTooManyRequests:     {http.StatusServiceUnavailable, "the tunnel %s is at its limit of concurrent requests; retry shortly"},
 	CodeBasicAuthRequired:   {http.StatusUnauthorized, "%s asks for a user name and password"},
+	CodeBadResponse:         {http.StatusBadGateway, "the response for %s was malformed or its header section too large"},
+	CodeBadRequest:          {http.StatusBadRequest, "the request for %s is malformed"},
+	CodeMethodNotAllowed:    {http.StatusMethodNotAllowed, "%s does not take this method through the tunnel"},
+	CodeVisitorLimit:        {http.StatusTooManyRequests, "this address has too many requests in flight to %s; retry shortly"},
+	CodeIPDenied:            {http.StatusForbidden, "%s lets in only the visitor addresses its agent allows, and not this one"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an
@@ -70,13 +82,64 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	switch e.status {
-	case http.StatusServiceUnavailable:
+	case http.StatusServiceUnavailable, http.StatusTooManyRequests:
 		h.Set("Retry-After", "1")
+	case http.StatusMethodNotAllowed:
+		h.Set("Allow", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS")
 	case http.StatusUnauthorized:
 		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}
 	w.WriteHeader(e.status)
 	fmt.Fprintf(w, e.text+" (%s)\n", host, code)
+}
+
+// WriteVisitorErrorFor is WriteVisitorError for the request r: a gRPC
+// request (Content-Type application/grpc) gets the answer gRPC clients
+// read, a grpc-status in a response without a body (gRPC's Trailers-Only),
+// beside the same status and ErrorHeader.
+func WriteVisitorErrorFor(w http.ResponseWriter, r *http.Request, code, host string) {
+	if !IsGRPC(r) {
+		WriteVisitorError(w, code, host)
+		return
+	}
+	e, ok := visitorErrors[code]
+	if !ok {
+		e = visitorErrors[CodeTunnelInterrupted]
+	}
+	h := w.Header()
+	h.Set(ErrorHeader, code)
+	h.Set("Content-Type", "application/grpc")
+	h.Set("Grpc-Status", strconv.Itoa(grpcCode(e.status)))
+	h.Set("Grpc-Message", url.PathEscape(fmt.Sprintf(e.text+" (%s)", host, code)))
+	h.Set("Content-Length", "0")
+	w.WriteHeader(e.status)
+}
+
+// IsGRPC reports whether r is a gRPC call.
+func IsGRPC(r *http.Request) bool {
+	ct := r.Header.Get("Content-Type")
+	return ct == "application/grpc" || strings.HasPrefix(ct, "application/grpc+") || strings.HasPrefix(ct, "application/grpc;")
+}
+
+// grpcCode is the gRPC status of an HTTP status, by gRPC's own table
+// (doc/http-grpc-status-mapping.md), with a body or head too large as
+// RESOURCE_EXHAUSTED.
+func grpcCode(status int) int {
+	switch status {
+	case http.StatusBadRequest:
+		return 13 // INTERNAL
+	case http.StatusUnauthorized:
+		return 16 // UNAUTHENTICATED
+	case http.StatusForbidden:
+		return 7 // PERMISSION_DENIED
+	case http.StatusNotFound, http.StatusMethodNotAllowed:
+		return 12 // UNIMPLEMENTED
+	case http.StatusRequestEntityTooLarge, http.StatusRequestHeaderFieldsTooLarge:
+		return 8 // RESOURCE_EXHAUSTED
+	case http.StatusTooManyRequests, http.StatusMisdirectedRequest, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return 14 // UNAVAILABLE
+	}
+	return 2 // UNKNOWN
 }
 
 // AppendVisitorError appends to b the whole HTTP/1.1 response that

@@ -21,6 +21,11 @@ func TestWriteVisitorError(t *testing.T) {
 		CodeBodyTooLarge:        413,
 		CodeTooManyRequests:     503,
 		CodeBasicAuthRequired:   401,
+		CodeBadResponse:         502,
+		CodeBadRequest:          400,
+		CodeMethodNotAllowed:    405,
+		CodeVisitorLimit:        429,
+		CodeIPDenied:            403,
 	}
 	if len(tests) != len(visitorErrors) {
 		t.Fatalf("the test pins %d codes, visitorErrors has %d", len(tests), len(visitorErrors))
@@ -54,7 +59,7 @@ func TestWriteVisitorError(t *testing.T) {
 }
 
 func retryAfter(status int) string {
-	if status == http.StatusServiceUnavailable {
+	if status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests {
 		return "1"
 	}
 	return ""
@@ -78,5 +83,30 @@ func TestVisitorErrorHostIsQuoted(t *testing.T) {
 	WriteVisitorError(rec, CodeBadHost, "evil\r\nX-Injected: 1")
 	if strings.Count(rec.Body.String(), "\n") != 1 {
 		t.Fatalf("body %q has more than one line", rec.Body.String())
+	}
+}
+
+// TestWriteVisitorErrorGRPC: a gRPC call gets the same status and code,
+// and a grpc-status with the sentence in a response without a body.
+func TestWriteVisitorErrorGRPC(t *testing.T) {
+	for code, want := range map[string]string{
+		CodeUpstreamUnreachable: "14", CodeTunnelNotFound: "12", CodeBasicAuthRequired: "16",
+		CodeBodyTooLarge: "8", CodeBadRequest: "13", CodeTunnelTimeout: "14",
+	} {
+		req := httptest.NewRequest("POST", "/pkg.Service/Method", nil)
+		req.Header.Set("Content-Type", "application/grpc+proto")
+		rec := httptest.NewRecorder()
+		WriteVisitorErrorFor(rec, req, code, "app.example.com")
+		if rec.Code != VisitorStatus(code) || rec.Header().Get(ErrorHeader) != code || rec.Header().Get("Grpc-Status") != want ||
+			rec.Header().Get("Content-Type") != "application/grpc" || rec.Body.Len() != 0 ||
+			!strings.Contains(rec.Header().Get("Grpc-Message"), "app.example.com") {
+			t.Errorf("%s: %d %v %q", code, rec.Code, rec.Header(), rec.Body.String())
+		}
+	}
+	plain := httptest.NewRequest("GET", "/", nil)
+	rec := httptest.NewRecorder()
+	WriteVisitorErrorFor(rec, plain, CodeTunnelNotFound, "app.example.com")
+	if rec.Header().Get("Grpc-Status") != "" || rec.Body.Len() == 0 {
+		t.Errorf("a plain request got a gRPC answer: %v", rec.Header())
 	}
 }

@@ -6,41 +6,50 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // FuzzEtcdEvent feeds the watch arbitrary keys and values, as a broken or
-// hostile writer to the shared etcd could: the route cache must neither
-// crash nor hold a route whose value did not decode.
+// hostile writer to the shared etcd could, over a cache that holds a
+// binding of this node: the route cache must neither crash nor hold a
+// route whose value did not decode, and only a binding of this node that
+// the change ended is reported taken over.
 func FuzzEtcdEvent(f *testing.F) {
-	f.Add("hosts/app.example.com", []byte(`{"instance_id":"a","session_id":1,"node":"n1"}`), int64(5), false, []byte(`{"node":"n2","session_id":9}`))
-	f.Add("hosts/app.example.com", []byte(`{`), int64(1), true, []byte(nil))
-	f.Add("nodes/n1", []byte(`{"addr":"10.0.0.1:7443"}`), int64(2), false, []byte(`{"addr":3}`))
-	f.Add("sessions/n1/7", []byte(""), int64(3), true, []byte("x"))
-	f.Add("hosts/", []byte(`null`), int64(-1), false, []byte(`[]`))
-	f.Fuzz(func(t *testing.T, key string, val []byte, rev int64, del bool, prev []byte) {
+	f.Add("hosts/app.example.com", []byte(`{"instance_id":"a","session_id":1,"node":"n1"}`), int64(5), false)
+	f.Add("hosts/app.example.com", []byte(`{`), int64(7), true)
+	f.Add("hosts/mine.example.com", []byte(`{"node":"n2","session_id":9}`), int64(8), false)
+	f.Add("hosts/mine.example.com", []byte(`{"node":"n1","session_id":1}`), int64(9), false)
+	f.Add("nodes/n1", []byte(`{"addr":"10.0.0.1:7443"}`), int64(2), false)
+	f.Add("sessions/n1/7", []byte(""), int64(3), true)
+	f.Add("hosts/", []byte(`null`), int64(-1), false)
+	f.Fuzz(func(t *testing.T, key string, val []byte, rev int64, del bool) {
 		var told []Binding
 		s := NewEtcd(EtcdConfig{Prefix: "/p/", Node: "n1"})
 		s.hooks = Hooks{TakenOver: func(b Binding) { told = append(told, b) }}
-		ev := etcdEvent{Kv: etcdKV{Key: []byte("/p/" + key), Value: val, ModRevision: rev}}
+		mine := Binding{Hostname: "mine.example.com", Node: "n1", SessionID: 1, Generation: 6}
+		s.routes[mine.Hostname] = mine
+		ev := &clientv3.Event{Type: mvccpb.PUT, Kv: &mvccpb.KeyValue{Key: []byte("/p/" + key), Value: val, ModRevision: rev}}
 		if del {
-			ev.Type = "DELETE"
-		}
-		if prev != nil {
-			ev.PrevKv = &etcdKV{Key: ev.Kv.Key, Value: prev, ModRevision: rev - 1}
+			ev.Type = mvccpb.DELETE
 		}
 		s.event(ev)
 		for h, b := range s.routes {
 			if b.Hostname != h {
 				t.Fatalf("route %q holds binding of %q", h, b.Hostname)
 			}
-			if _, err := s.decode(h, val, rev); err != nil {
-				t.Fatalf("route %q kept although its value does not decode: %v", h, err)
+			if b == mine {
+				continue
+			}
+			if _, err := s.decode(h, val, rev); err != nil || del {
+				t.Fatalf("route %q kept although its value does not decode or was deleted: %v", h, err)
 			}
 		}
-		for _, b := range told {
-			if b.Node != "n1" {
-				t.Fatalf("told of a takeover of another node's binding: %+v", b)
-			}
+		now, still := s.routes[mine.Hostname]
+		ended := !still || now.Node != mine.Node || now.SessionID != mine.SessionID
+		if ended != (len(told) == 1) || len(told) > 1 || (len(told) == 1 && told[0] != mine) {
+			t.Fatalf("cache now %+v (%v); told %+v", now, still, told)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -107,10 +108,14 @@ func (h *etcdNodes) List(ctx context.Context) ([]registry.Binding, error) {
 	return h.node("").List(ctx)
 }
 
-func startNode(t *testing.T, cli []string, prefix, name string, hooks registry.Hooks) *registry.Etcd {
+func startNode(t *testing.T, cli []string, prefix, name string, hooks registry.Hooks, tune ...func(*registry.EtcdConfig)) *registry.Etcd {
 	t.Helper()
-	s := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: name,
-		LeaseTTL: time.Second, RetryInterval: 50 * time.Millisecond})
+	cfg := registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: name,
+		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	s := registry.NewEtcd(cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := s.Start(ctx, name+":7443", hooks); err != nil {
@@ -379,5 +384,174 @@ func TestEtcdSessions(t *testing.T) {
 	}
 	if got, err := b.Sessions(ctx); err != nil || fmt.Sprint(got) != fmt.Sprint(want[1:]) {
 		t.Fatalf("after a closed its session: %v %v, want %v", got, err, want[1:])
+	}
+}
+
+// TestEtcdRouteUnconfirmed: node b's path to etcd goes silent. Its route
+// cache, which etcd can no longer confirm current, is trusted for
+// RouteStaleness and no longer: then Route refuses (ErrUnavailable)
+// rather than answer the binding a has since replaced, which Lookup still
+// shows; once the path is back, Route answers the new binding.
+func TestEtcdRouteUnconfirmed(t *testing.T) {
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
+	proxy := tunneltest.StartFaultProxy(t, strings.TrimPrefix(cli[0], "http://"))
+	a := startNode(t, cli, prefix, "a", registry.Hooks{})
+	const staleness = 300 * time.Millisecond
+	b := startNode(t, []string{"http://" + proxy.Addr()}, prefix, "b", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 10*time.Second, staleness, 100*time.Millisecond
+	})
+	t.Cleanup(proxy.Unblock) // before b's Close
+	ctx := context.Background()
+	first, err := openBind(t, a, claim(instA, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b to route to the first binding", func() bool {
+		r, ok, err := b.Route(ctx, host)
+		return err == nil && ok && r == first.Binding
+	})
+	proxy.Block()
+	blocked := time.Now()
+	second, err := openBind(t, a, claim(instA, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refusedAfter time.Duration
+	for refusedAfter == 0 {
+		start := time.Now()
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		r, _, err := b.Route(rctx, host)
+		cancel()
+		switch {
+		case err != nil && !errors.Is(err, registry.ErrUnavailable):
+			t.Fatalf("Route while cut off: %v, want ErrUnavailable", err)
+		case err != nil:
+			refusedAfter = time.Since(blocked)
+		case start.Sub(blocked) > staleness:
+			t.Fatalf("Route answered %+v from a cache unconfirmed for %v (bound %v)", r, start.Sub(blocked), staleness)
+		case time.Since(blocked) > 10*time.Second:
+			t.Fatal("Route still answers from the cache 10s after its path went silent")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("Route refused %v after b's path went silent (bound %v)", refusedAfter.Round(time.Millisecond), staleness)
+	if r, _ := b.Lookup(host); r != first.Binding {
+		t.Fatalf("b's cache holds %+v; the test needs it stale", r)
+	}
+	if m := b.RouteStats(); m.Failed == 0 || m.Age < staleness {
+		t.Fatalf("route stats while cut off: %+v", m)
+	}
+	proxy.Unblock()
+	eventually(t, "b to route to the second binding", func() bool {
+		r, ok, err := b.Route(ctx, host)
+		return err == nil && ok && r == second.Binding
+	})
+}
+
+// TestEtcdWatchStalled: node b reaches one etcd member by two paths, and
+// the one carrying its watch goes silent (open, no answers) while a takes
+// the hostname over. b routes the new binding within its staleness bound,
+// by reading it, then its watch moves to the other path and its cache
+// follows; its lease holds throughout.
+func TestEtcdWatchStalled(t *testing.T) {
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
+	target := strings.TrimPrefix(cli[0], "http://")
+	paths := []*tunneltest.FaultProxy{tunneltest.StartFaultProxy(t, target), tunneltest.StartFaultProxy(t, target)}
+	var hb hookLog
+	const staleness = 500 * time.Millisecond
+	b := startNode(t, []string{"http://" + paths[0].Addr(), "http://" + paths[1].Addr()}, prefix, "b", hb.hooks(), func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 2*time.Second, staleness, 150*time.Millisecond
+	})
+	for _, p := range paths {
+		t.Cleanup(p.Unblock)
+	}
+	a := startNode(t, cli, prefix, "a", registry.Hooks{})
+	ctx := context.Background()
+	first, err := openBind(t, a, claim(instA, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return r == first.Binding })
+
+	watchPath := carrier(t, paths, prefix)
+	watchPath.Block()
+	frozen := time.Now()
+	second, err := openBind(t, a, claim(instA, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b to route to the second binding", func() bool {
+		r, ok, err := b.Route(ctx, host)
+		return err == nil && ok && r == second.Binding
+	})
+	routed := time.Since(frozen)
+	eventually(t, "b's watch to deliver the takeover", func() bool { r, _ := b.Lookup(host); return r == second.Binding })
+	followed := time.Since(frozen)
+	t.Logf("b routed the takeover %v after its watch went silent (bound %v), its cache followed after %v",
+		routed.Round(time.Millisecond), staleness, followed.Round(time.Millisecond))
+	if routed > staleness+time.Second {
+		t.Fatalf("b routed the takeover only after %v (bound %v)", routed, staleness)
+	}
+	for time.Since(frozen) < 3*time.Second { // longer than the lease TTL
+		if !b.Ready() {
+			t.Fatal("b lost its lease with one of two paths silent")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n := hb.count(func(h *hookLog) int { return h.lost }); n != 0 {
+		t.Fatalf("b reported its lease lost %d times with one of two paths silent", n)
+	}
+}
+
+// carrier returns the path of paths that carries the watch: the one that
+// brings back a large value written under prefix.
+func carrier(t *testing.T, paths []*tunneltest.FaultProxy, prefix string) *tunneltest.FaultProxy {
+	t.Helper()
+	const probe = 256 << 10
+	before := make([]int64, len(paths))
+	for i, p := range paths {
+		before[i] = p.Returned()
+	}
+	admin := etcdtest.Client(t)
+	if _, err := admin.Put(context.Background(), prefix+"probe", strings.Repeat("x", probe)); err != nil {
+		t.Fatal(err)
+	}
+	var found *tunneltest.FaultProxy
+	eventually(t, "a path to carry the probe", func() bool {
+		for i, p := range paths {
+			if p.Returned()-before[i] >= probe {
+				found = p
+				return true
+			}
+		}
+		return false
+	})
+	if _, err := admin.Delete(context.Background(), prefix+"probe"); err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
+// TestEtcdStraySessionRecord: a session record of this node that no open
+// session owns (a put etcd applied after the edge had given up on it, and
+// after the session closed) is removed within about a lease TTL; the
+// records of open sessions stay.
+func TestEtcdStraySessionRecord(t *testing.T) {
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
+	a := startNode(t, cli, prefix, "a", registry.Hooks{})
+	ctx := context.Background()
+	if err := a.OpenSession(ctx, registry.Session{ID: 1}); err != nil {
+		t.Fatal(err)
+	}
+	admin := etcdtest.Client(t)
+	if _, err := admin.Put(ctx, prefix+"sessions/a/99", "{}"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the stray record to be removed", func() bool {
+		resp, err := admin.Get(ctx, prefix+"sessions/a/99")
+		return err == nil && len(resp.Kvs) == 0
+	})
+	if got, err := a.Sessions(ctx); err != nil || len(got) != 1 || got[0].ID != 1 {
+		t.Fatalf("sessions after the removal: %+v, %v; want the open one", got, err)
 	}
 }

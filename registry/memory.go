@@ -39,7 +39,7 @@ func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	old, held := m.bindings[c.Hostname]
-	outcome, err := m.decideLocked(old, held, c)
+	outcome, err := decide(old, held, c, m.live)
 	if err != nil {
 		return Result{}, err
 	}
@@ -59,7 +59,9 @@ func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 	return res, nil
 }
 
-func (m *Memory) decideLocked(old Binding, held bool, c Claim) (Outcome, error) {
+// decide applies the binding rules to c against old, the binding held now
+// (if held), asking live about a holder of another instance.
+func decide(old Binding, held bool, c Claim, live LivenessFunc) (Outcome, error) {
 	switch {
 	case !held:
 		return Created, nil
@@ -69,7 +71,7 @@ func (m *Memory) decideLocked(old Binding, held bool, c Claim) (Outcome, error) 
 		return Unchanged, nil
 	case sameInstance(old, c):
 		return SameInstance, nil
-	case !m.live(old):
+	case !live(old):
 		return DeadHolder, nil
 	}
 	return 0, ErrTaken

@@ -15,7 +15,9 @@
 // Memory is the store of an edge that runs alone; it asks the edge whether
 // a holder is live (LivenessFunc). Etcd is the store several edges share:
 // the rules are etcd transactions, and a holder is live while its session
-// key, on its edge's lease, exists.
+// key, on its edge's lease, exists. Its route cache answers only while
+// etcd has confirmed it current within a bound (Etcd.Route), so no two
+// edges route one hostname differently for longer than that.
 package registry
 
 import (
@@ -35,6 +37,11 @@ type Binding struct {
 	Node       string // the edge holding the session; empty on a single edge
 	Generation uint64
 	BoundAt    time.Time
+	// LastHeard is when the holder was last known to be heard from, as a
+	// store that outlives the edge (Bolt) keeps it: after a restart the
+	// holder counts as live until its freshness window has passed since.
+	// Zero in the other stores.
+	LastHeard time.Time
 }
 
 // Claim asks for a hostname on behalf of one session.

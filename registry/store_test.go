@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -17,6 +18,17 @@ type newStoreFunc func(t *testing.T, l *liveness) registry.Store
 func TestMemory(t *testing.T) {
 	testStore(t, func(t *testing.T, l *liveness) registry.Store {
 		return registry.NewMemory(l.live)
+	})
+}
+
+func TestBolt(t *testing.T) {
+	testStore(t, func(t *testing.T, l *liveness) registry.Store {
+		s, err := registry.OpenBolt(filepath.Join(t.TempDir(), "registry.db"), l.live)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
 	})
 }
 

@@ -37,7 +37,7 @@ func TestClusterProcesses(t *testing.T) {
 		ports := freePorts(t, 4)
 		p := startProc(t, nil, edgeArgs(data, ports,
 			"--cluster-etcd", endpoints, "--cluster-prefix", prefix, "--node-name", name,
-			"--cluster-addr", "127.0.0.1:"+ports[3], "--cluster-key", key, "--cluster-lease-ttl", "1s",
+			"--cluster-addr", "127.0.0.1:"+ports[3], "--cluster-key", key, "--cluster-lease-ttl", "2s",
 			"--tokens-file", tokens)...)
 		waitHealthy(t, "127.0.0.1:"+ports[2])
 		return edgeProc{p, ports}
@@ -82,7 +82,7 @@ func TestClusterProcesses(t *testing.T) {
 		code, _, _ = get(visitor, "http://demo.ngstone.test/")
 		return code == http.StatusNotFound
 	})
-	t.Logf("404 on b %v after edge a was killed (lease TTL 1s)", time.Since(killed).Round(time.Millisecond))
+	t.Logf("404 on b %v after edge a was killed (lease TTL 2s)", time.Since(killed).Round(time.Millisecond))
 
 	bad := startProc(t, nil, edgeArgs(data, freePorts(t, 3), "--cluster-etcd", endpoints, "--cluster-key", "short")...)
 	if code := bad.exitCode(t); code != exitUsage || !strings.Contains(bad.stderrText(), "cluster-key") {

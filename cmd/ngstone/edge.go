@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -40,6 +41,9 @@ Precedence: flags, environment, file, defaults.`,
 		if err := joinCluster(&cfg, loader, log); err != nil {
 			return withCode(exitUsage, err)
 		}
+		if cfg.Cluster == nil {
+			keepRegistry(&cfg, log)
+		}
 		e, err := edge.New(cfg, log)
 		if err != nil {
 			return withCode(exitUsage, err)
@@ -58,17 +62,43 @@ func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) error 
 	if err != nil || len(cl.Endpoints) == 0 {
 		return err
 	}
-	tc, err := cl.EtcdTLS()
+	tc, err := cl.EtcdTLS(log)
 	if err != nil {
 		return err
 	}
 	cfg.Cluster = &edge.ClusterConfig{
 		Store: registry.NewEtcd(registry.EtcdConfig{Endpoints: cl.Endpoints, TLS: tc,
 			Username: cl.Username, Password: cl.Password, Prefix: cl.Prefix, Node: cl.Node,
-			LeaseTTL: cl.LeaseTTL, Log: log}),
+			LeaseTTL: cl.LeaseTTL, RouteStaleness: cl.RouteStaleness, Log: log}),
 		Addr: cl.Addr, Advertise: cl.Advertise, Key: cl.Key,
 	}
 	return nil
+}
+
+// registryFile is the single edge's registry in --data-dir.
+const registryFile = "registry.db"
+
+// keepRegistry has an edge that runs alone keep its bindings in --data-dir,
+// so that a restart forgets no name's owner; where the directory cannot be
+// written, they are kept in memory, and the edge says so.
+func keepRegistry(cfg *edge.Config, log *slog.Logger) {
+	dir := cfg.TLS.DataDir
+	if err := os.MkdirAll(dir, 0o700); err == nil && writable(dir) {
+		cfg.RegistryFile = filepath.Join(dir, registryFile)
+		return
+	}
+	log.Warn("data-dir is not writable: bindings are kept in memory, and an edge restart forgets their owners", "data_dir", dir)
+}
+
+// writable reports whether a file can be created in dir.
+func writable(dir string) bool {
+	f, err := os.CreateTemp(dir, ".ngstone-write-test-*")
+	if err != nil {
+		return false
+	}
+	f.Close()
+	os.Remove(f.Name())
+	return true
 }
 
 // reloadOnHUP reloads file certificates on SIGHUP until the returned stop.

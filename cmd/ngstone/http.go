@@ -18,6 +18,7 @@ import (
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/config"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/mux"
 )
 
 func newHTTPCmd() *cobra.Command {
@@ -77,7 +78,7 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 		cfg.Edge = e.Addr("control").String()
 		cfg.CAFile = e.CAFile()
 		fmt.Fprintf(os.Stderr, "Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)\n", e.CAFile(), e.CAFile())
-	} else if cfg.Subdomain != "" && cfg.InstanceID == "" {
+	} else if (cfg.Subdomain != "" || cfg.Hostname != "") && cfg.InstanceID == "" {
 		// A restarted agent is the same instance as the one before it
 		// on this machine, and takes its name back at once.
 		if dir, err := os.UserCacheDir(); err == nil {
@@ -87,7 +88,7 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 			} else {
 				defer release()
 				cfg.InstanceID = id
-				log.Debug("instance id", "id", id, "kept_from_earlier_run", kept)
+				log.Debug("instance", "digest", mux.InstanceDigest(id), "kept_from_earlier_run", kept)
 			}
 		}
 	}

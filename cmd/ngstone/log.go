@@ -2,8 +2,10 @@ package main
 
 import (
 	"io"
+	stdlog "log"
 	"log/slog"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/lmittmann/tint"
@@ -29,7 +31,25 @@ func newLogger(lc config.Log, w *os.File) *slog.Logger {
 			format = "text"
 		}
 	}
-	return slog.New(handler(format, level, w, isTerminal(w)))
+	log := slog.New(handler(format, level, w, isTerminal(w)))
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(&stdlogWriter{log: log})
+	return log
+}
+
+// stdlogWriter takes what libraries print with the standard logger into
+// the structured log. net/http's transport prints each response a local
+// service sent unasked on an idle connection, with its first bytes, which
+// may be another visitor's data: the agent warns of those itself, without
+// the bytes, so here they are dropped.
+type stdlogWriter struct{ log *slog.Logger }
+
+func (w *stdlogWriter) Write(p []byte) (int, error) {
+	msg := strings.TrimSpace(string(p))
+	if !strings.HasPrefix(msg, "Unsolicited response received on idle HTTP channel") {
+		w.log.Warn(msg, "from", "net/http")
+	}
+	return len(p), nil
 }
 
 func handler(format string, level slog.Level, w io.Writer, tty bool) slog.Handler {
@@ -37,5 +57,5 @@ func handler(format string, level slog.Level, w io.Writer, tty bool) slog.Handle
 		return slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level})
 	}
 	_, noColor := os.LookupEnv("NO_COLOR")
-	return tint.NewHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly, NoColor: noColor || !tty})
+	return tint.NewTextHandler(w, &tint.Options{Level: level, TimeFormat: time.TimeOnly, NoColor: noColor || !tty})
 }

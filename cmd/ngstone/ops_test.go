@@ -270,7 +270,7 @@ func TestEdgeSIGTERM(t *testing.T) {
 	e1.cmd.Process.Signal(syscall.SIGTERM)
 
 	// Shutting down, with the request still in flight: no new visitors,
-	// admin gone, and the agent told to go away.
+	// and the agent still connected to answer it.
 	waitFor(t, 5*time.Second, "the edge to stop accepting visitors", func() bool {
 		conn, err := net.DialTimeout("tcp", visitors, time.Second)
 		if err == nil {
@@ -278,9 +278,9 @@ func TestEdgeSIGTERM(t *testing.T) {
 		}
 		return err != nil
 	})
-	waitFor(t, 5*time.Second, "the agent to hear goaway", func() bool {
-		return strings.Contains(a.stderrText(), "the edge is shutting down")
-	})
+	if strings.Contains(a.stderrText(), "the edge is shutting down") {
+		t.Fatal("the agent was told to go away with a request of its in flight")
+	}
 	select {
 	case r := <-slow:
 		t.Fatalf("the slow request ended before it was released: %+v", r)
@@ -292,6 +292,10 @@ func TestEdgeSIGTERM(t *testing.T) {
 	if r := <-slow; r.err != nil || r.code != 200 || r.body != "slow done" {
 		t.Fatalf("in-flight request across SIGTERM: %d %q %v", r.code, r.body, r.err)
 	}
+	// Then the agents are told to go away.
+	waitFor(t, 5*time.Second, "the agent to hear goaway", func() bool {
+		return strings.Contains(a.stderrText(), "the edge is shutting down")
+	})
 	if code := e1.exitCode(t); code != 0 {
 		t.Fatalf("edge exited %d after SIGTERM", code)
 	}

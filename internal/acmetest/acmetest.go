@@ -16,6 +16,7 @@ import (
 	"encoding/pem"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -23,6 +24,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,6 +47,10 @@ type CA struct {
 	// Roots holds only pebble's issuing root, as its management interface
 	// hands it out: what a visitor trusts.
 	Roots *x509.CertPool
+
+	orders    atomic.Int64
+	closeOnce sync.Once
+	closers   []func()
 }
 
 // CAConfig says where pebble's validation authority looks.
@@ -56,10 +62,18 @@ type CAConfig struct {
 	// HTTP-01 and TLS-ALPN-01; zero means pebble's defaults (5002, 5001),
 	// where nothing listens in a test, so those challenges fail.
 	HTTPPort, TLSPort int
+	// Addr is the loopback HOST:PORT of the ACME directory; empty means a
+	// free port. A CA started again on the Addr of one that was closed has
+	// the same DirectoryURL and none of its accounts: a CA that lost its
+	// state.
+	Addr string
+	// CertValidity is the lifetime of the certificates issued; zero means
+	// pebble's 90 days.
+	CertValidity time.Duration
 }
 
-// StartCA runs pebble until the end of the test. Its log goes to t.Log
-// when PEBBLE_TEST_LOG is set.
+// StartCA runs pebble until Close or the end of the test. Its log goes to
+// t.Log when PEBBLE_TEST_LOG is set.
 func StartCA(t testing.TB, cfg CAConfig) *CA {
 	t.Helper()
 	if cfg.DNS == "" {
@@ -70,23 +84,51 @@ func StartCA(t testing.TB, cfg CAConfig) *CA {
 	if os.Getenv("PEBBLE_TEST_LOG") != "" {
 		logger = log.New(testWriter{t}, "pebble ", 0)
 	}
+	c := &CA{}
+	t.Cleanup(c.Close)
 	store := db.NewMemoryStore()
-	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{"default": {Description: "default"}})
+	profile := ca.Profile{Description: "default", ValidityPeriod: uint64(cfg.CertValidity / time.Second)}
+	authority := ca.New(logger, store, "", "ecdsa", 0, 1, map[string]ca.Profile{"default": profile})
 	validator := va.New(logger, cfg.HTTPPort, cfg.TLSPort, false, cfg.DNS, store)
-	// Cleanups run last-in first-out: the VA's queue is closed only after
+	// Closers run last-in first-out: the VA's queue is closed only after
 	// both servers below have finished every request, so nothing sends on
 	// it any more.
-	t.Cleanup(func() { stopVA(t, validator) })
+	c.closers = append(c.closers, func() { stopVA(t, validator) })
 	front := wfe.New(logger, store, validator, authority, []string{"pebble.letsencrypt.org"}, false, false, 0, 0)
 
-	acmeSrv := startTLS(t, front.Handler())
-	mgmt := startTLS(t, front.ManagementHandler())
-	return &CA{
-		DirectoryURL: acmeSrv.URL + wfe.DirectoryPath,
-		RootFile:     writeCertPEM(t, acmeSrv.Certificate()),
-		Roots:        fetchRoot(t, mgmt),
-	}
+	acmeSrv := c.startTLS(t, c.countOrders(front.Handler()), cfg.Addr)
+	mgmt := c.startTLS(t, front.ManagementHandler(), "")
+	c.DirectoryURL = acmeSrv.URL + wfe.DirectoryPath
+	c.RootFile = writeCertPEM(t, acmeSrv.Certificate())
+	c.Roots = fetchRoot(t, mgmt)
+	return c
 }
+
+// Orders is how many orders (newOrder requests) the CA was sent.
+func (c *CA) Orders() int { return int(c.orders.Load()) }
+
+// Close stops the CA: its directory refuses connections from then on.
+func (c *CA) Close() {
+	c.closeOnce.Do(func() {
+		for i := len(c.closers) - 1; i >= 0; i-- {
+			c.closers[i]()
+		}
+	})
+}
+
+// countOrders counts the POSTs to pebble's newOrder URL (as its
+// directory names it).
+func (c *CA) countOrders(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost && r.URL.Path == newOrderPath {
+			c.orders.Add(1)
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// newOrderPath is the path of pebble's newOrder URL in its directory.
+const newOrderPath = "/order-plz"
 
 // pebbleEnv sets the knobs pebble reads from the environment when a VA or
 // WFE is made: no random sleep before validating, no deliberately rejected
@@ -96,12 +138,35 @@ var pebbleEnv = sync.OnceFunc(func() {
 	os.Setenv("PEBBLE_WFE_NONCEREJECT", "0")
 })
 
-func startTLS(t testing.TB, h http.Handler) *httptest.Server {
+func (c *CA) startTLS(t testing.TB, h http.Handler, addr string) *httptest.Server {
+	t.Helper()
 	srv := httptest.NewUnstartedServer(h)
+	if addr != "" {
+		srv.Listener.Close()
+		ln, err := listenRetry(addr)
+		if err != nil {
+			t.Fatalf("acmetest: listen on %s: %v", addr, err)
+		}
+		srv.Listener = ln
+	}
 	srv.Config.ErrorLog = log.New(io.Discard, "", 0)
 	srv.StartTLS()
-	t.Cleanup(srv.Close)
+	c.closers = append(c.closers, srv.Close)
 	return srv
+}
+
+// listenRetry listens on addr, which a CA closed a moment ago may still
+// hold for a few milliseconds.
+func listenRetry(addr string) (net.Listener, error) {
+	var err error
+	for range 50 {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return nil, err
 }
 
 func writeCertPEM(t testing.TB, cert *x509.Certificate) string {

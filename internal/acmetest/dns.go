@@ -10,15 +10,16 @@ import (
 	"github.com/miekg/dns"
 )
 
-// DNS is a DNS server authoritative for one zone, on loopback (UDP and
-// TCP on one port). Every name in the zone resolves to 127.0.0.1; TXT
+// DNS is a DNS server authoritative for one zone or more, on loopback (UDP
+// and TCP on one port). Every name in them resolves to 127.0.0.1; TXT
 // records are those set by RFC 2136 updates signed with its TSIG key (what
 // certs' rfc2136 provider sends) or by AddTXT.
 type DNS struct {
 	// Addr is the server's HOST:PORT, for resolvers and providers.
 	Addr string
-	// Zone is the lower-case zone, without trailing dot.
-	Zone string
+	// Zone is the first lower-case zone, without trailing dot.
+	Zone  string
+	zones []string
 
 	mu  sync.Mutex
 	txt map[string][]string // by lower-case FQDN
@@ -30,10 +31,15 @@ const (
 	tsigSecret  = "c2VjcmV0LXNlY3JldC1zZWNyZXQtc2VjcmV0IQ==" // base64
 )
 
-// StartDNS serves zone until the end of the test.
-func StartDNS(t testing.TB, zone string) *DNS {
+// StartDNS serves zone, and the others (the zones of agents' own
+// hostnames, as their CNAMEs would make them), until the end of the test.
+func StartDNS(t testing.TB, zone string, others ...string) *DNS {
 	t.Helper()
-	d := &DNS{Zone: strings.ToLower(strings.TrimSuffix(zone, ".")), txt: map[string][]string{}}
+	d := &DNS{txt: map[string][]string{}}
+	for _, z := range append([]string{zone}, others...) {
+		d.zones = append(d.zones, strings.ToLower(strings.TrimSuffix(z, ".")))
+	}
+	d.Zone = d.zones[0]
 	pc, ln := listenUDPTCP(t)
 	d.Addr = pc.LocalAddr().String()
 	tsig := map[string]string{tsigKeyName: tsigSecret}
@@ -153,8 +159,13 @@ func without(s []string, v string) []string {
 
 func (d *DNS) answer(q dns.Question, m *dns.Msg) {
 	name := strings.ToLower(q.Name)
-	zone := d.Zone + "."
-	if name != zone && !strings.HasSuffix(name, "."+zone) {
+	zone := ""
+	for _, z := range d.zones {
+		if name == z+"." || strings.HasSuffix(name, "."+z+".") {
+			zone = z + "."
+		}
+	}
+	if zone == "" {
 		m.Rcode = dns.RcodeNameError
 		return
 	}
@@ -162,8 +173,12 @@ func (d *DNS) answer(q dns.Question, m *dns.Msg) {
 	hdr := dns.RR_Header{Name: q.Name, Rrtype: q.Qtype, Class: dns.ClassINET, Ttl: 1}
 	switch q.Qtype {
 	case dns.TypeSOA:
+		soa := &dns.SOA{Hdr: dns.RR_Header{Name: zone, Rrtype: dns.TypeSOA, Class: dns.ClassINET, Ttl: 1},
+			Ns: "ns." + zone, Mbox: "hostmaster." + zone, Serial: 1, Refresh: 60, Retry: 60, Expire: 60, Minttl: 1}
 		if name == zone {
-			m.Answer = append(m.Answer, &dns.SOA{Hdr: hdr, Ns: "ns." + zone, Mbox: "hostmaster." + zone, Serial: 1, Refresh: 60, Retry: 60, Expire: 60, Minttl: 1})
+			m.Answer = append(m.Answer, soa)
+		} else {
+			m.Ns = append(m.Ns, soa) // no data at name: the zone's SOA says whose zone it is
 		}
 	case dns.TypeA:
 		m.Answer = append(m.Answer, &dns.A{Hdr: hdr, A: net.IPv4(127, 0, 0, 1)})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/certs"
 	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/acmetest"
@@ -67,16 +69,22 @@ func startEdge(t *testing.T, cfg edge.Config) *tunneltest.Edge {
 // is online.
 func bind(t *testing.T, e *tunneltest.Edge, roots *x509.CertPool, name string) {
 	t.Helper()
+	startAgent(t, e, roots, func(cfg *agent.Config) { cfg.Subdomain = name }).WaitOnline(t)
+}
+
+// startAgent runs an agent on e, with a backend, set up by set.
+func startAgent(t *testing.T, e *tunneltest.Edge, roots *x509.CertPool, set func(*agent.Config)) *tunneltest.Agent {
+	t.Helper()
 	b := tunneltest.StartBackend(t)
 	cfg := e.AgentConfig("", b.Addr())
-	cfg.Subdomain = name
+	set(&cfg)
 	// The agent dials the control listener by IP address and checks the
 	// edge's DOMAIN certificate, from pebble, by name.
 	cfg.RootCAs, cfg.ServerName = roots, domain
 	// In autocert mode that DOMAIN certificate is issued during the
 	// agent's first handshake.
 	cfg.DialTimeout = 15 * time.Second
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	return tunneltest.StartAgent(t, cfg)
 }
 
 // visit is GET https://HOST/hello through e's HTTPS listener by a client
@@ -140,13 +148,14 @@ func wantRefused(t *testing.T, e *tunneltest.Edge, roots *x509.CertPool, host st
 
 // TestEdgeWildcardDNS01: the edge obtains *.DOMAIN and DOMAIN from pebble
 // through DNS-01 (rfc2136 updates to a DNS server that pebble then
-// queries) before it serves; a visitor trusting only pebble's root reaches
+// queries) in the background, /healthz turning 200 once it has them; a visitor trusting only pebble's root reaches
 // app.DOMAIN's agent over h2, through the wildcard certificate.
 func TestEdgeWildcardDNS01(t *testing.T) {
 	t.Parallel()
 	d := acmetest.StartDNS(t, domain)
 	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr})
 	e := startEdge(t, withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d))
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
 	bind(t, e, ca.Roots, "app")
 
 	v := wantTunnel(t, e, ca.Roots, "app."+domain, "*."+domain)
@@ -171,6 +180,7 @@ func TestEdgeOnDemand(t *testing.T) {
 	cfg := withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d)
 	cfg.TLS.OnDemand = true
 	e := startEdge(t, cfg)
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
 	bind(t, e, ca.Roots, "app")
 
 	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)
@@ -182,17 +192,69 @@ func TestEdgeOnDemand(t *testing.T) {
 // TestEdgeAutocert: in autocert mode pebble validates HTTP-01 or
 // TLS-ALPN-01 against the edge's own listeners (through relays, since the
 // edge binds them after pebble starts); a bound subdomain gets a
-// certificate and the tunnel's response, an unbound one is refused.
+// certificate and the tunnel's response, an unbound one is refused; and so
+// does an agent's own hostname.
 func TestEdgeAutocert(t *testing.T) {
 	t.Parallel()
-	d := acmetest.StartDNS(t, domain)
+	d := acmetest.StartDNS(t, domain, ownZone)
 	httpRelay, tlsRelay := acmetest.StartRelay(t), acmetest.StartRelay(t)
 	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr, HTTPPort: httpRelay.Port(), TLSPort: tlsRelay.Port()})
-	e := startEdge(t, acmeEdgeConfig(t, certs.ModeAutocert, ca, d))
+	cfg := acmeEdgeConfig(t, certs.ModeAutocert, ca, d)
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "t", Hostnames: []string{"*." + ownZone}}}
+	e := startEdge(t, cfg)
 	httpRelay.SetTarget(e.Addr("http").String())
 	tlsRelay.SetTarget(e.Addr("https").String())
-	bind(t, e, ca.Roots, "app")
+	startAgent(t, e, ca.Roots, func(c *agent.Config) { c.Token, c.Subdomain = "t", "app" }).WaitOnline(t)
 
 	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)
 	wantRefused(t, e, ca.Roots, "unbound."+domain)
+
+	// An agent's own hostname, allowed by its token, likewise.
+	startAgent(t, e, ca.Roots, func(c *agent.Config) { c.Token, c.Hostname = "t", "app."+ownZone }).WaitOnline(t)
+	wantTunnel(t, e, ca.Roots, "app."+ownZone, "app."+ownZone)
+	wantRefused(t, e, ca.Roots, "unbound."+ownZone)
+}
+
+// ownZone holds the hostnames agents bind of their own in these tests.
+const ownZone = "example.test"
+
+// TestEdgeOwnHostname: an edge whose *.DOMAIN certificate comes by DNS-01
+// serves an agent's own hostname too. The agent's token allows
+// *.example.test; it binds app.example.test (which resolves to the edge,
+// as a CNAME would make it); at the first handshake for it the edge has
+// pebble validate the name over HTTP-01 or TLS-ALPN-01 on its own
+// listeners (DNS-01 proves the edge's zone only), and a client that trusts
+// only pebble's root gets the local service's answer through a certificate
+// for that name. A token without the pattern is refused unauthorized, and
+// an own hostname nothing is bound to is refused at the handshake.
+func TestEdgeOwnHostname(t *testing.T) {
+	t.Parallel()
+	d := acmetest.StartDNS(t, domain, ownZone)
+	httpRelay, tlsRelay := acmetest.StartRelay(t), acmetest.StartRelay(t)
+	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr, HTTPPort: httpRelay.Port(), TLSPort: tlsRelay.Port()})
+	cfg := withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d)
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "own-names", Hostnames: []string{"*." + ownZone}}, {Token: "plain"}}
+	e := startEdge(t, cfg)
+	httpRelay.SetTarget(e.Addr("http").String())
+	tlsRelay.SetTarget(e.Addr("https").String())
+	waitHealthz(t, e, http.StatusOK, 60*time.Second)
+
+	host := "app." + ownZone
+	s := startAgent(t, e, ca.Roots, func(c *agent.Config) { c.Token, c.Hostname = "own-names", host }).WaitOnline(t)
+	if s.Hostname != host || !strings.HasPrefix(s.URL, "https://"+host+":") {
+		t.Errorf("bound %q at %q, want %s at https://%s:PORT", s.Hostname, s.URL, host, host)
+	}
+	wantTunnel(t, e, ca.Roots, host, host)
+
+	refused := startAgent(t, e, ca.Roots, func(c *agent.Config) { c.Token, c.Hostname = "plain", "other."+ownZone })
+	var re *agent.RefusedError
+	if err := refused.Err(); !errors.As(err, &re) || re.Code != "unauthorized" || !strings.Contains(re.Message, "hostnames") {
+		t.Errorf("a token without hostnames binding other.%s: %v, want unauthorized naming the tokens file's hostnames", ownZone, err)
+	}
+	wantRefused(t, e, ca.Roots, "nobody."+ownZone)
+	wantRefused(t, e, ca.Roots, "other."+ownZone)
+
+	// The same edge's subdomains still come under the wildcard.
+	startAgent(t, e, ca.Roots, func(c *agent.Config) { c.Token, c.Subdomain = "plain", "sub" }).WaitOnline(t)
+	wantTunnel(t, e, ca.Roots, "sub."+domain, "*."+domain)
 }

@@ -1,7 +1,8 @@
 // Package etcdtest runs one embedded etcd server per test binary, on
 // loopback, with fast ticks and no fsync, for the tests of the cluster
-// registry and of edges that share it. It is imported only by tests: the
-// etcd server is never linked into the ngstone binary.
+// registry and of edges that share it, and clusters of several members of
+// a test's own (StartCluster) for faults between them. It is imported
+// only by tests: the etcd server is never linked into the ngstone binary.
 //
 // Each test takes its own key prefix (Prefix), so tests share the server
 // without seeing each other's keys.
@@ -23,6 +24,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"golang.org/x/crypto/bcrypt"
 	"google.golang.org/grpc/grpclog"
 )
 
@@ -34,18 +36,39 @@ var (
 	prefixes atomic.Uint64
 )
 
+// The JSON gateway logs through grpclog ("Failed to flush response" when
+// a watching client leaves, and gRPC's own lines about every connection a
+// fault test breaks). Set before any gRPC goroutine runs: it is global.
+func init() {
+	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
+}
+
 // Main runs m, stops the server if a test started it, and then checks
 // that no goroutine leaked, like goleak.VerifyTestMain.
 func Main(m *testing.M, opts ...goleak.Option) {
 	code := m.Run()
 	Stop()
 	if code == 0 {
-		if err := goleak.Find(opts...); err != nil {
+		if err := settled(opts...); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
 			code = 1
 		}
 	}
 	os.Exit(code)
+}
+
+// settled is goleak.Find, looking again for up to 10 s: a peer connection
+// to a member that stopped (Cluster.Kill) ends only at etcd's peer read
+// timeout, 5 s.
+func settled(opts ...goleak.Option) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := goleak.Find(opts...)
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Endpoints starts the shared server on first use and returns its client
@@ -101,15 +124,28 @@ func start() {
 
 // startServer runs a single-member etcd with its data in dir.
 func startServer(dir string) (*embed.Etcd, error) {
-	// The JSON gateway logs through grpclog ("Failed to flush response"
-	// when a watching client leaves); tests make clients leave all the time.
-	grpclog.SetLoggerV2(grpclog.NewLoggerV2(io.Discard, io.Discard, io.Discard))
-	cfg := embed.NewConfig()
-	cfg.Name = "test"
-	cfg.Dir = dir
-	cfg.UnsafeNoFsync = true
+	cfg, err := memberConfig("test", dir)
+	if err != nil {
+		return nil, err
+	}
 	cfg.TickMs = 10
 	cfg.ElectionMs = 50
+	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return e, ready(e)
+}
+
+// memberConfig is a member on loopback ports of its own, with no fsync
+// and the cheapest password hashing.
+func memberConfig(name, dir string) (*embed.Config, error) {
+	cfg := embed.NewConfig()
+	cfg.Name = name
+	cfg.Dir = dir
+	cfg.UnsafeNoFsync = true
+	cfg.BcryptCost = uint(bcrypt.MinCost)
 	cfg.LogLevel = "error"
 	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
 	// Named ports, not :0: the JSON gateway dials the client URL itself,
@@ -124,17 +160,16 @@ func startServer(dir string) (*embed.Etcd, error) {
 		return nil, err
 	}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = peer, peer
-	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		return nil, err
-	}
+	return cfg, nil
+}
+
+func ready(e *embed.Etcd) error {
 	select {
 	case <-e.Server.ReadyNotify():
-		return e, nil
+		return nil
 	case <-time.After(30 * time.Second):
 		e.Close()
-		return nil, fmt.Errorf("not ready within 30s")
+		return fmt.Errorf("not ready within 30s")
 	}
 }
 

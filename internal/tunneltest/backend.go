@@ -15,15 +15,18 @@ import (
 
 // Pattern writes n deterministic bytes, so bodies can be checked byte for byte.
 func Pattern(n int64) io.Reader {
-	return io.LimitReader(patternReader{}, n)
+	return io.LimitReader(&patternReader{}, n)
 }
 
+// patternReader's bytes depend on their offset in the stream alone, not on
+// how it is read.
 type patternReader struct{ off int64 }
 
-func (patternReader) Read(p []byte) (int, error) {
+func (r *patternReader) Read(p []byte) (int, error) {
 	for i := range p {
-		p[i] = byte(i*7 + 3)
+		p[i] = byte((r.off+int64(i))*7 + 3)
 	}
+	r.off += int64(len(p))
 	return len(p), nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -20,10 +21,11 @@ type FaultProxy struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	blocked bool
-	delay   time.Duration
 	links   map[*link]struct{}
 	closed  bool
 	wg      sync.WaitGroup
+
+	returned atomic.Int64 // bytes read from the target side
 }
 
 // link is one proxied connection: two directions, each a reader queueing
@@ -104,6 +106,11 @@ func (p *FaultProxy) Reset() {
 		l.reset()
 	}
 }
+
+// Returned returns how many bytes the target side has sent through the
+// proxy, held ones included: it tells which of several paths carries a
+// stream.
+func (p *FaultProxy) Returned() int64 { return p.returned.Load() }
 
 // Links returns how many connections are open.
 func (p *FaultProxy) Links() int {
@@ -212,6 +219,9 @@ func (l *link) pipe(src, dst net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
+		if src == l.b {
+			l.p.returned.Add(int64(n))
+		}
 		if n > 0 {
 			l.p.mu.Lock()
 			d := l.delay

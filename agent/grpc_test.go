@@ -1,0 +1,322 @@
+package agent_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+)
+
+// testService is a local gRPC server: it answers with its name, streams,
+// fails on request and blocks until a call's deadline.
+type testService struct {
+	testpb.UnimplementedTestServiceServer
+	name    string
+	blocked chan struct{} // closed when a blocking call saw its context end
+}
+
+func (s *testService) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	switch string(req.GetPayload().GetBody()) {
+	case "fail":
+		grpc.SetTrailer(ctx, metadata.Pairs("x-why", "asked to fail"))
+		return nil, status.Error(codes.FailedPrecondition, "failing as asked")
+	case "block":
+		<-ctx.Done()
+		close(s.blocked)
+		return nil, ctx.Err()
+	}
+	return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte(s.name + ":" + string(req.GetPayload().GetBody()))}}, nil
+}
+
+func (s *testService) StreamingOutputCall(req *testpb.StreamingOutputCallRequest, stream testpb.TestService_StreamingOutputCallServer) error {
+	for i, p := range req.GetResponseParameters() {
+		if us := p.GetIntervalUs(); us > 0 {
+			time.Sleep(time.Duration(us) * time.Microsecond)
+		}
+		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: &testpb.Payload{Body: []byte(fmt.Sprintf("%s:%d", s.name, i))}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *testService) StreamingInputCall(stream testpb.TestService_StreamingInputCallServer) error {
+	n := 0
+	for {
+		req, err := stream.Recv()
+		if err == io.EOF {
+			return stream.SendAndClose(&testpb.StreamingInputCallResponse{AggregatedPayloadSize: int32(n)})
+		}
+		if err != nil {
+			return err
+		}
+		n += len(req.GetPayload().GetBody())
+	}
+}
+
+func (s *testService) FullDuplexCall(stream testpb.TestService_FullDuplexCallServer) error {
+	for {
+		req, err := stream.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: req.GetPayload()}); err != nil {
+			return err
+		}
+	}
+}
+
+// grpcLocal serves svc (and gRPC health) on a loopback port over h2c.
+func grpcLocal(t *testing.T, svc *testService) (*grpc.Server, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	testpb.RegisterTestServiceServer(s, svc)
+	healthpb.RegisterHealthServer(s, health.NewServer())
+	go s.Serve(ln)
+	t.Cleanup(s.Stop)
+	return s, ln.Addr().String()
+}
+
+// grpcClient dials the edge's HTTPS listener for NAME.DOMAIN, trusting
+// the edge's CA.
+func grpcClient(t *testing.T, e *tunneltest.Edge, name string) testpb.TestServiceClient {
+	t.Helper()
+	host := name + "." + tunneltest.Domain
+	cc, err := grpc.NewClient("passthrough:///"+e.Addr("https").String(),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: e.Roots, ServerName: host})),
+		grpc.WithAuthority(host))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return testpb.NewTestServiceClient(cc)
+}
+
+func grpcAgent(t *testing.T, e *tunneltest.Edge, local, name, instance string) *tunneltest.Agent {
+	t.Helper()
+	cfg := e.AgentConfig("", local)
+	cfg.Subdomain, cfg.UpstreamProtocol, cfg.InstanceID = name, agent.ProtocolHTTP2, instance
+	a := tunneltest.StartAgent(t, cfg)
+	a.WaitOnline(t)
+	return a
+}
+
+func payload(s string) *testpb.Payload { return &testpb.Payload{Body: []byte(s)} }
+
+// TestGRPCThroughTunnel: a gRPC client reaches a local gRPC server through
+// the edge (HTTPS, HTTP/2) and an agent speaking h2c to it: unary calls,
+// a server stream of 1,000 messages, a client stream, a bidirectional
+// stream where each message is answered before the next is sent, status
+// codes and trailing metadata, deadlines, health checking; the local
+// server down gives UNAVAILABLE, and one that dies mid-stream an error,
+// never a clean end.
+func TestGRPCThroughTunnel(t *testing.T) {
+	svc := &testService{name: "local", blocked: make(chan struct{})}
+	srv, addr := grpcLocal(t, svc)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	grpcAgent(t, e, addr, "grpc", "")
+	c := grpcClient(t, e, "grpc")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	resp, err := c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("hi")})
+	if err != nil || string(resp.GetPayload().GetBody()) != "local:hi" {
+		t.Fatalf("unary: %v %v", resp, err)
+	}
+
+	params := make([]*testpb.ResponseParameters, 1000)
+	for i := range params {
+		params[i] = &testpb.ResponseParameters{}
+	}
+	out, err := c.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 {
+		m, err := out.Recv()
+		if err != nil || string(m.GetPayload().GetBody()) != fmt.Sprintf("local:%d", i) {
+			t.Fatalf("server stream message %d: %v %v", i, m, err)
+		}
+	}
+	if _, err := out.Recv(); err != io.EOF {
+		t.Fatalf("server stream end: %v, want io.EOF", err)
+	}
+
+	in, err := c.StreamingInputCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 100 {
+		if err := in.Send(&testpb.StreamingInputCallRequest{Payload: payload(strings.Repeat("x", 100))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := in.CloseAndRecv(); err != nil || r.GetAggregatedPayloadSize() != 10000 {
+		t.Fatalf("client stream: %v %v", r, err)
+	}
+
+	duplex, err := c.FullDuplexCall(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		// The next message goes only once this one's answer is back:
+		// each must cross both ways at once, not wait in a buffer.
+		msg := fmt.Sprintf("ping %d", i)
+		if err := duplex.Send(&testpb.StreamingOutputCallRequest{Payload: payload(msg)}); err != nil {
+			t.Fatal(err)
+		}
+		got, err := duplex.Recv()
+		if err != nil || string(got.GetPayload().GetBody()) != msg {
+			t.Fatalf("duplex %d: %v %v", i, got, err)
+		}
+	}
+	duplex.CloseSend()
+	if _, err := duplex.Recv(); err != io.EOF {
+		t.Fatalf("duplex end: %v", err)
+	}
+
+	var trailer metadata.MD
+	_, err = c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("fail")}, grpc.Trailer(&trailer))
+	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "failing as asked" || trailer.Get("x-why")[0] != "asked to fail" {
+		t.Fatalf("status and trailer: %v %v", err, trailer)
+	}
+
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = c.UnaryCall(short, &testpb.SimpleRequest{Payload: payload("block")})
+	cancelShort()
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("deadline: %v", err)
+	}
+	select {
+	case <-svc.blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the local server's call did not end with the client's deadline")
+	}
+
+	cc, err := grpc.NewClient("passthrough:///"+e.Addr("https").String(),
+		grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: e.Roots, ServerName: "grpc." + tunneltest.Domain})),
+		grpc.WithAuthority("grpc."+tunneltest.Domain))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hr, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health: %v %v", hr, err)
+	}
+
+	// The local server dies in the middle of a stream.
+	slow := make([]*testpb.ResponseParameters, 100)
+	for i := range slow {
+		slow[i] = &testpb.ResponseParameters{IntervalUs: 20000}
+	}
+	out, err = c.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: slow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := out.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	srv.Stop()
+	for {
+		_, err := out.Recv()
+		if err == io.EOF {
+			t.Fatal("a stream the local server broke off ended cleanly")
+		}
+		if err != nil {
+			t.Logf("stream broken off: %v", err)
+			break
+		}
+	}
+	_, err = c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("hi")})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(status.Convert(err).Message(), "upstream_unreachable") {
+		t.Fatalf("local server down: %v, want UNAVAILABLE with the agent's reason", err)
+	}
+	t.Logf("local server down: %v", err)
+}
+
+// TestGRPCTakeover: a same-instance takeover during a long server stream:
+// the stream finishes on the old session, new calls go to the new one.
+func TestGRPCTakeover(t *testing.T) {
+	_, oldAddr := grpcLocal(t, &testService{name: "old"})
+	_, newAddr := grpcLocal(t, &testService{name: "new"})
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	id := agent.NewInstanceID()
+	grpcAgent(t, e, oldAddr, "move", id)
+	c := grpcClient(t, e, "move")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	params := make([]*testpb.ResponseParameters, 50)
+	for i := range params {
+		params[i] = &testpb.ResponseParameters{IntervalUs: 20000}
+	}
+	out, err := c.StreamingOutputCall(ctx, &testpb.StreamingOutputCallRequest{ResponseParameters: params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m, err := out.Recv(); err != nil || string(m.GetPayload().GetBody()) != "old:0" {
+		t.Fatalf("first message: %v %v", m, err)
+	}
+	grpcAgent(t, e, newAddr, "move", id) // takes the name over
+	resp, err := c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("after")})
+	if err != nil || string(resp.GetPayload().GetBody()) != "new:after" {
+		t.Fatalf("a call after the takeover: %v %v, want the new agent's", resp, err)
+	}
+	for i := 1; i < 50; i++ {
+		m, err := out.Recv()
+		if err != nil || string(m.GetPayload().GetBody()) != fmt.Sprintf("old:%d", i) {
+			t.Fatalf("message %d of the stream in flight: %v %v", i, m, err)
+		}
+	}
+	if _, err := out.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("end of the stream in flight: %v", err)
+	}
+}
+
+// TestGRPCInInspector: the inspector keeps a gRPC call with its method
+// path and grpc-status, its bodies as they came.
+func TestGRPCInInspector(t *testing.T) {
+	_, addr := grpcLocal(t, &testService{name: "local"})
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", addr)
+	cfg.Subdomain, cfg.UpstreamProtocol, cfg.InspectAddr = "seen", agent.ProtocolHTTP2, "127.0.0.1:0"
+	a := tunneltest.StartAgent(t, cfg)
+	a.WaitOnline(t)
+	c := grpcClient(t, e, "seen")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("fail")})
+	var got []agent.Capture
+	tunneltest.Eventually(t, 5*time.Second, "the call kept", func() bool {
+		got = a.Inspector().List()
+		return len(got) == 1
+	})
+	if got[0].Path != "/grpc.testing.TestService/UnaryCall" || got[0].GRPCStatus != fmt.Sprint(int(codes.FailedPrecondition)) || got[0].Request.Size == 0 {
+		t.Fatalf("kept: %+v", got[0])
+	}
+}

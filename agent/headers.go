@@ -1,0 +1,113 @@
+package agent
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// headerRules are the --request-header-* and --response-header-* rules.
+type headerRules struct {
+	reqAdd, respAdd [][2]string // canonical name, value
+	reqDel, respDel []string    // canonical names
+}
+
+// framingFields describe how a message is carried, not what it says: no
+// rule may touch them.
+var framingFields = map[string]bool{
+	"Host": true, "Content-Length": true, "Transfer-Encoding": true, "Connection": true,
+	"Keep-Alive": true, "Te": true, "Trailer": true, "Upgrade": true, "Proxy-Connection": true,
+}
+
+// parseHeaderRules reads and checks c's header rules.
+func parseHeaderRules(c Config) (*headerRules, error) {
+	r := &headerRules{}
+	check := func(flag, name string) (string, error) {
+		k := http.CanonicalHeaderKey(strings.TrimSpace(name))
+		switch {
+		case !httpguts.ValidHeaderFieldName(k):
+			return "", fmt.Errorf("%s %q: not a header field name", flag, name)
+		case mux.ForwardingField(k):
+			return "", fmt.Errorf("%s %s: the edge sets the fields about the visitor (X-Forwarded-*, Forwarded, X-Real-Ip) and its own (Ngstone-*); no rule may change them", flag, k)
+		case framingFields[k]:
+			return "", fmt.Errorf("%s %s: a field of the message's framing; no rule may change it", flag, k)
+		}
+		return k, nil
+	}
+	adds := func(flag string, in []string, out *[][2]string) error {
+		for _, kv := range in {
+			name, value, ok := strings.Cut(kv, ":")
+			if !ok {
+				return fmt.Errorf("%s %q: want Name: value", flag, kv)
+			}
+			k, err := check(flag, name)
+			if err != nil {
+				return err
+			}
+			value = strings.TrimSpace(value)
+			if !httpguts.ValidHeaderFieldValue(value) {
+				return fmt.Errorf("%s %q: the value holds bytes a header may not", flag, kv)
+			}
+			*out = append(*out, [2]string{k, value})
+		}
+		return nil
+	}
+	dels := func(flag string, in []string, out *[]string) error {
+		for _, name := range in {
+			k, err := check(flag, name)
+			if err != nil {
+				return err
+			}
+			*out = append(*out, k)
+		}
+		return nil
+	}
+	for _, err := range []error{
+		adds("request-header-add", c.RequestHeaderAdd, &r.reqAdd), dels("request-header-remove", c.RequestHeaderRemove, &r.reqDel),
+		adds("response-header-add", c.ResponseHeaderAdd, &r.respAdd), dels("response-header-remove", c.ResponseHeaderRemove, &r.respDel),
+	} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	if len(r.reqAdd)+len(r.reqDel)+len(r.respAdd)+len(r.respDel) == 0 {
+		return nil, nil
+	}
+	return r, nil
+}
+
+// request applies the request rules: removals, then additions.
+func (r *headerRules) request(h http.Header) {
+	if r == nil {
+		return
+	}
+	apply(h, r.reqDel, r.reqAdd)
+}
+
+// response applies the response rules.
+func (r *headerRules) response(h http.Header) {
+	if r == nil {
+		return
+	}
+	apply(h, r.respDel, r.respAdd)
+}
+
+// apply removes the fields del names, then sets those add gives: a field
+// a rule adds replaces any of that name already there (the visitor's, for
+// a request), so that the local service can trust what a rule set; rules
+// for one name add a value each.
+func apply(h http.Header, del []string, add [][2]string) {
+	for _, k := range del {
+		delete(h, k)
+	}
+	for _, kv := range add {
+		delete(h, kv[0])
+	}
+	for _, kv := range add {
+		h.Add(kv[0], kv[1])
+	}
+}

@@ -1,0 +1,112 @@
+package agent_test
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+)
+
+// TestHeaderRules: through a real edge, the local service sees the fields
+// --request-header-add sets (replacing the visitor's of that name) and not
+// those --request-header-remove names; the visitor sees the fields
+// --response-header-add sets and not those --response-header-remove
+// names; what the edge sets about the visitor (X-Forwarded-For) stays the
+// edge's, over HTTP/1.1 and HTTP/2.
+func TestHeaderRules(t *testing.T) {
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Server", "local/1.0")
+		w.Header().Set("X-Powered-By", "php")
+		w.Header().Set("X-Kept", "kept")
+		w.Header().Set("X-Version", "local's")
+		json.NewEncoder(w).Encode(r.Header)
+	}))
+	t.Cleanup(local.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "rules"
+	ac.RequestHeaderAdd = []string{"X-Team: blue", "x-role: a", "X-Role:b", "X-Auth: from-the-agent"}
+	ac.RequestHeaderRemove = []string{"X-Secret", "cookie"}
+	ac.ResponseHeaderAdd = []string{"Strict-Transport-Security: max-age=63072000", "X-Version: 2"}
+	ac.ResponseHeaderRemove = []string{"server", "X-Powered-By"}
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+		url    string
+	}{
+		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "rules", "/")},
+		{"HTTP/2", e.Client(), tunneltest.URL("https", "rules", "/")},
+	} {
+		req, _ := http.NewRequest("GET", c.url, nil)
+		req.Header.Set("X-Secret", "s3cret")
+		req.Header.Set("Cookie", "session=1")
+		req.Header.Set("X-Auth", "forged by the visitor")
+		req.Header.Set("X-Forwarded-For", "6.6.6.6")
+		req.Header.Set("X-Visitor", "kept")
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var got http.Header
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for k, want := range map[string][]string{
+			"X-Team": {"blue"}, "X-Role": {"a", "b"}, "X-Auth": {"from-the-agent"}, "X-Visitor": {"kept"},
+			"X-Secret": nil, "Cookie": nil, "X-Forwarded-For": {"127.0.0.1"},
+		} {
+			if !slices.Equal(got[k], want) {
+				t.Errorf("%s: the local service saw %s %q, want %q", c.name, k, got[k], want)
+			}
+		}
+		for k, want := range map[string][]string{
+			"Strict-Transport-Security": {"max-age=63072000"}, "X-Version": {"2"}, "X-Kept": {"kept"},
+			"Server": nil, "X-Powered-By": nil,
+		} {
+			if !slices.Equal(resp.Header[k], want) {
+				t.Errorf("%s: the visitor saw %s %q, want %q", c.name, k, resp.Header[k], want)
+			}
+		}
+	}
+}
+
+// TestHeaderRulesRefused: a rule on a field the edge sets about the
+// visitor, on the edge's own fields or on the message's framing is refused
+// before the agent connects, with a sentence naming the rule; so is a rule
+// that is not a header.
+func TestHeaderRulesRefused(t *testing.T) {
+	for _, c := range []struct {
+		set     func(*agent.Config)
+		mention string
+	}{
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"X-Forwarded-For: 1.2.3.4"} }, "X-Forwarded-For"},
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"x-forwarded-proto: http"} }, "X-Forwarded-Proto"},
+		{func(c *agent.Config) { c.RequestHeaderRemove = []string{"X-Forwarded-For"} }, "X-Forwarded-For"},
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"Forwarded: for=1.2.3.4"} }, "Forwarded"},
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"X-Real-IP: 1.2.3.4"} }, "X-Real-Ip"},
+		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"Ngstone-Error: tunnel_offline"} }, "Ngstone-Error"},
+		{func(c *agent.Config) { c.RequestHeaderRemove = []string{"Host"} }, "Host"},
+		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"Content-Length: 5"} }, "Content-Length"},
+		{func(c *agent.Config) { c.ResponseHeaderRemove = []string{"Transfer-Encoding"} }, "Transfer-Encoding"},
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"no colon"} }, "Name: value"},
+		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"Bad Name: v"} }, "not a header field name"},
+		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"X-A: line\r\nX-B: injected"} }, "bytes a header may not"},
+	} {
+		cfg := agent.DefaultConfig()
+		cfg.Edge, cfg.Local = "127.0.0.1:1", "127.0.0.1:2"
+		c.set(&cfg)
+		_, err := agent.New(cfg, tunneltest.Logger())
+		if err == nil || !strings.Contains(err.Error(), c.mention) {
+			t.Errorf("%+v: %v, want refused mentioning %q", cfg.RequestHeaderAdd, err, c.mention)
+		}
+	}
+}

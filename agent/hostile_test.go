@@ -1,0 +1,321 @@
+package agent_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// strayServer is a local service that answers each request with the
+// secret the request carried, then writes bytes nobody asked for on the
+// same connection: a whole response carrying that secret again, which a
+// relay reusing the connection would hand the next visitor as its own.
+// mode says where the stray bytes go: after a response to HEAD (as its
+// "body"), after a 204 or a 304, or past the Content-Length of a 200; later
+// sends them a few milliseconds after the response instead of with it.
+// closed receives when a connection's other end (the agent) closed it.
+func strayServer(t *testing.T, mode string, later time.Duration) (addr string, closed <-chan struct{}) {
+	t.Helper()
+	gone := make(chan struct{}, 1000)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					req, err := http.ReadRequest(br)
+					if err != nil {
+						gone <- struct{}{}
+						return
+					}
+					io.Copy(io.Discard, req.Body)
+					secret := req.Header.Get("X-Secret")
+					stray := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
+					var resp string
+					switch mode {
+					case "HEAD":
+						resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(stray))
+					case "204":
+						resp = "HTTP/1.1 204 No Content\r\n\r\n"
+					case "304":
+						resp = "HTTP/1.1 304 Not Modified\r\n\r\n"
+					default:
+						resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
+					}
+					if later == 0 {
+						io.WriteString(c, resp+stray)
+						continue
+					}
+					io.WriteString(c, resp)
+					time.Sleep(later)
+					io.WriteString(c, stray)
+				}
+			})
+		}
+	})
+	return ln.Addr().String(), gone
+}
+
+// TestStrayBytesNeverCrossVisitors: whatever a local service writes after
+// a finished response (a body for HEAD, bytes after a 204 or 304, more
+// than its Content-Length, at once or a moment later), two visitors taking
+// turns, each with a secret of its own, never receive each other's bytes:
+// a connection that received bytes nobody asked for is not reused.
+func TestStrayBytesNeverCrossVisitors(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	for _, tc := range []struct {
+		mode  string
+		later time.Duration
+	}{{"HEAD", 0}, {"204", 0}, {"304", 0}, {"200", 0}, {"HEAD", 5 * time.Millisecond}, {"200", 5 * time.Millisecond}} {
+		name := fmt.Sprintf("%s-%s", tc.mode, tc.later)
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			sub := strings.ToLower(strings.NewReplacer(".", "", "µ", "u").Replace("stray-" + name))
+			addr, closed := strayServer(t, tc.mode, tc.later)
+			cfg := e.AgentConfig("", addr)
+			cfg.Subdomain = sub
+			tunneltest.StartAgent(t, cfg).WaitOnline(t)
+			method := "GET"
+			if tc.mode == "HEAD" {
+				method = "HEAD"
+			}
+			visitors := []*http.Client{e.Client(), e.Client()}
+			crossed := 0
+			for round := range 200 {
+				if tc.later > 0 && round > 0 {
+					// The stray bytes arrive while the connection is
+					// idle, before the next request (a request sent
+					// before they come could not tell them from its
+					// answer, through any HTTP/1.1 relay): the agent
+					// closes that connection.
+					select {
+					case <-closed:
+					case <-time.After(10 * time.Second):
+						t.Fatalf("round %d: the agent kept a connection that received bytes nobody asked for", round)
+					}
+				}
+				who := round % 2
+				secret := fmt.Sprintf("visitor-%d-secret-%d", who, round)
+				req, _ := http.NewRequest(method, tunneltest.URL("http", sub, "/"), nil)
+				req.Header.Set("X-Secret", secret)
+				resp, err := visitors[who].Do(req)
+				if err != nil {
+					t.Fatalf("round %d: %v", round, err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				got := string(body) + fmt.Sprint(resp.Header)
+				if other := fmt.Sprintf("visitor-%d-", 1-who); strings.Contains(got, other) {
+					crossed++
+					t.Errorf("round %d: visitor %d received the other visitor's bytes: %d %q", round, who, resp.StatusCode, got)
+				}
+				if resp.StatusCode >= 500 {
+					t.Errorf("round %d: %d %s", round, resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
+				}
+			}
+			t.Logf("200 rounds, %d crossed", crossed)
+		})
+	}
+}
+
+// TestSlowUploads: uploads that take longer than the local service's and
+// the tunnel's response timeouts, slowly but steadily, reach the local
+// service whole and get their answer with the default timeouts: those
+// timeouts run from the end of the request body.
+func TestSlowUploads(t *testing.T) {
+	if testing.Short() {
+		t.Skip("45 s of slow uploads")
+	}
+	local, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "%d", n)
+	})}
+	go srv.Serve(local)
+	t.Cleanup(func() { srv.Close() })
+	ecfg := tunneltest.EdgeConfig(t)
+	d := edge.DefaultConfig()
+	ecfg.TunnelTimeout, ecfg.ReadTimeout, ecfg.WriteTimeout = d.TunnelTimeout, d.ReadTimeout, d.WriteTimeout
+	e := tunneltest.StartEdge(t, ecfg)
+	cfg := e.AgentConfig("", local.Addr().String())
+	cfg.Subdomain = "slow"
+	def := agent.DefaultConfig()
+	cfg.UpstreamTimeout, cfg.DialTimeout, cfg.UpstreamDialTimeout = def.UpstreamTimeout, def.DialTimeout, def.UpstreamDialTimeout
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+
+	for _, tc := range []struct {
+		name        string
+		size, chunk int
+		every       time.Duration
+		length, h2  bool
+	}{
+		{name: "1 KiB/s for 45 s, chunked, HTTP/2", size: 45 << 10, chunk: 1 << 10, every: time.Second, h2: true},
+		{name: "900 bytes at 1 byte per 50 ms, with a length, HTTP/1.1", size: 900, chunk: 1, every: 50 * time.Millisecond, length: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pr, pw := io.Pipe()
+			go func() {
+				tick := time.NewTicker(tc.every)
+				defer tick.Stop()
+				buf := make([]byte, tc.chunk)
+				for sent := 0; sent < tc.size; sent += tc.chunk {
+					<-tick.C
+					if _, err := pw.Write(buf); err != nil {
+						return
+					}
+				}
+				pw.Close()
+			}()
+			scheme, c := "https", e.Client()
+			if !tc.h2 {
+				scheme = "http"
+			}
+			req, _ := http.NewRequestWithContext(context.Background(), "POST", tunneltest.URL(scheme, "slow", "/upload"), pr)
+			if tc.length {
+				req.ContentLength = int64(tc.size)
+			}
+			c.Timeout = 2 * time.Minute
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 || string(body) != fmt.Sprint(tc.size) {
+				t.Fatalf("%d %s %q, want 200 and the %d bytes counted", resp.StatusCode, resp.Header.Get(mux.ErrorHeader), body, tc.size)
+			}
+		})
+	}
+}
+
+// rawLocal answers every request with the reply its path names, then
+// closes the connection.
+func rawLocal(t *testing.T, replies map[string]string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				req, err := http.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					return
+				}
+				io.WriteString(c, replies[req.URL.Path])
+			})
+		}
+	})
+	return ln.Addr().String()
+}
+
+// TestFramingVisitorMatchesLog: for each framing a local service may send,
+// the status and code the visitor gets through a real edge are the ones
+// the agent logs for the exchange.
+func TestFramingVisitorMatchesLog(t *testing.T) {
+	replies := map[string]string{
+		"/signed-length": "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+		"/gzip-chunked":  "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n",
+		"/nul-in-value":  "HTTP/1.1 200 OK\r\nX: a\x00b\r\nContent-Length: 0\r\n\r\n",
+		"/many-100":      strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 16) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"/15-100":        strings.Repeat("HTTP/1.1 100 Continue\r\n\r\n", 15) + "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"/status-000":    "HTTP/1.1 000 Zero\r\nContent-Length: 0\r\n\r\n",
+		"/two-lengths":   "HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+		"/cut-short":     "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+		"/folded":        "HTTP/1.1 200 OK\r\nX: a\r\n b\r\nContent-Length: 2\r\n\r\nok",
+		"/fine":          "HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\nok",
+		"/until-close":   "HTTP/1.0 200 OK\r\n\r\nall of it",
+	}
+	var logs lockedBuffer
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", rawLocal(t, replies))
+	cfg.Subdomain, cfg.LogRequests = "framing", true
+	a, err := agent.New(cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	tunneltest.Eventually(t, 10*time.Second, "online", func() bool { return a.Status().State == agent.StateOnline })
+	c := e.Client()
+	for path := range replies {
+		resp, err := c.Get(tunneltest.URL("https", "framing", path))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		var line map[string]any
+		tunneltest.Eventually(t, 5*time.Second, "the agent's line for "+path, func() bool {
+			line = logs.line("request", path)
+			return line != nil
+		})
+		code, _ := line["code"].(string)
+		if int(line["status"].(float64)) != resp.StatusCode || code != resp.Header.Get(mux.ErrorHeader) {
+			t.Errorf("%s: the visitor got %d %q, the agent logged %v %q", path, resp.StatusCode, resp.Header.Get(mux.ErrorHeader), line["status"], code)
+		}
+	}
+}
+
+// lockedBuffer collects JSON log lines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// line returns the first log line with msg for path.
+func (b *lockedBuffer) line(msg, path string) map[string]any {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for l := range strings.Lines(b.buf.String()) {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg && m["path"] == path {
+			return m
+		}
+	}
+	return nil
+}

@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
+)
+
+// A pooled connection to the local service is reused only when it is
+// provably clean. net/http's transport closes an idle connection on which
+// bytes arrive unasked, but it checks on a goroutine of its own: when the
+// machine is busy, the next request can take the connection before that
+// goroutine has looked, and the stray bytes (a body after HEAD, 204 or 304,
+// more than a Content-Length) are read as that request's response. So each
+// connection counts the bytes read from its socket, and two checks hold
+// around every request on a reused connection:
+//
+//   - when the transport hands the connection out (httptrace.GotConn),
+//     nothing is waiting on the socket; else the connection is poisoned:
+//     its reads and writes fail at once, nothing of the request is written,
+//     and the transport sends it again on a new connection;
+//   - when the response's first byte is there (GotFirstResponseByte),
+//     something was read from the socket since: a response cannot come
+//     before its request. Else the response is refused (502 bad_response),
+//     and the connection poisoned.
+//
+// A read of the socket and the first check are serialized (watchedConn's
+// mutex), so no byte can slip between them. Bytes that arrive after a
+// request was sent cannot be told from its answer, by any HTTP/1.1 client.
+
+// errStrayBytes: the local service sent bytes nobody asked for on a
+// connection, which is not used again.
+var errStrayBytes = errors.New("agent: the local service sent bytes nobody asked for on an idle connection")
+
+// watchedConn is a connection to the local service, counting the bytes
+// read from its socket.
+type watchedConn struct {
+	net.Conn
+	a *Agent
+
+	mu       sync.Mutex
+	read     int64
+	poisoned atomic.Bool
+}
+
+// poison makes every later read and write of c fail, and closes it.
+func (c *watchedConn) poison() {
+	if c.poisoned.CompareAndSwap(false, true) {
+		c.a.strayBytes()
+		c.Conn.Close()
+	}
+}
+
+func (c *watchedConn) Write(p []byte) (int, error) {
+	if c.poisoned.Load() {
+		return 0, errStrayBytes
+	}
+	return c.Conn.Write(p)
+}
+
+// Read counts what it reads (where the socket cannot be read directly:
+// see watchedUnix).
+func (c *watchedConn) Read(p []byte) (int, error) {
+	if c.poisoned.Load() {
+		return 0, errStrayBytes
+	}
+	n, err := c.Conn.Read(p)
+	c.mu.Lock()
+	c.read += int64(n)
+	c.mu.Unlock()
+	return n, err
+}
+
+// idle returns the bytes read so far, and whether the connection may take
+// a request; here without looking at the socket.
+func (c *watchedConn) idle() (int64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.read, !c.poisoned.Load()
+}
+
+func (c *watchedConn) isPoisoned() bool { return c.poisoned.Load() }
+
+// watched is a watched connection, whichever way it reads.
+type watched interface {
+	idle() (int64, bool)
+	poison()
+	readSoFar() int64
+	isPoisoned() bool
+}
+
+// dialWatched dials the local service with d.
+func (a *Agent) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newWatchedConn(a, c), nil
+	}
+}
+
+// watchedOf returns the watched connection under c (a TLS connection's
+// socket), or nil.
+func watchedOf(c net.Conn) watched {
+	if tc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		c = tc.NetConn()
+	}
+	wc, _ := c.(watched)
+	return wc
+}
+
+// cleanCheck applies the two checks to one request: it returns req with
+// the trace that makes them, and a function that reports whether the
+// response must be refused.
+func cleanCheck(req *http.Request) (*http.Request, func() bool) {
+	var mu sync.Mutex
+	var wc watched
+	var mark int64
+	tainted := false
+	trace := &httptrace.ClientTrace{
+		GotConn: func(info httptrace.GotConnInfo) {
+			c := watchedOf(info.Conn)
+			if c == nil {
+				return
+			}
+			m, clean := c.idle()
+			mu.Lock()
+			wc, mark = c, m
+			mu.Unlock()
+			if info.Reused && !clean {
+				c.poison()
+			}
+		},
+		GotFirstResponseByte: func() {
+			mu.Lock()
+			defer mu.Unlock()
+			if wc != nil && (wc.isPoisoned() || wc.readSoFar() == mark) {
+				tainted = true
+				wc.poison()
+			}
+		},
+	}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace)), func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return tainted
+	}
+}
+
+func (c *watchedConn) readSoFar() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.read
+}

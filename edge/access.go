@@ -1,0 +1,90 @@
+package edge
+
+import (
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strings"
+)
+
+// visitorAccess is who may reach one binding: the agent's --allow-cidr and
+// --deny-cidr, sent with its bind. The edge applies it before a request
+// crosses the tunnel; nil lets every visitor in.
+type visitorAccess struct {
+	allow, deny []netip.Prefix
+}
+
+// parseAccess reads a bind's prefixes; none at all is nil.
+func parseAccess(allow, deny []string) (*visitorAccess, error) {
+	if len(allow) == 0 && len(deny) == 0 {
+		return nil, nil
+	}
+	const maxPrefixes = 1024
+	if len(allow)+len(deny) > maxPrefixes {
+		return nil, fmt.Errorf("at most %d --allow-cidr and --deny-cidr prefixes", maxPrefixes)
+	}
+	a := &visitorAccess{}
+	for _, list := range []struct {
+		flag string
+		in   []string
+		out  *[]netip.Prefix
+	}{{"allow-cidr", allow, &a.allow}, {"deny-cidr", deny, &a.deny}} {
+		for _, s := range list.in {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return nil, fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", list.flag, s)
+			}
+			*list.out = append(*list.out, p.Masked())
+		}
+	}
+	return a, nil
+}
+
+// allows reports whether a visitor at ip may reach the binding: in no
+// deny prefix, and in an allow prefix when there are any.
+func (a *visitorAccess) allows(ip netip.Addr) bool {
+	if a == nil {
+		return true
+	}
+	ip = ip.Unmap()
+	for _, p := range a.deny {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	if len(a.allow) == 0 {
+		return true
+	}
+	for _, p := range a.allow {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
+}
+
+func (a *visitorAccess) String() string {
+	if a == nil {
+		return "any"
+	}
+	var b strings.Builder
+	for _, p := range a.allow {
+		fmt.Fprintf(&b, "+%s ", p)
+	}
+	for _, p := range a.deny {
+		fmt.Fprintf(&b, "-%s ", p)
+	}
+	return strings.TrimSpace(b.String())
+}
+
+// visitorIP is the address of the visitor r came from: the connection's
+// (which PROXY protocol may have set), or for a request another edge of the
+// cluster forwarded, the one that edge saw.
+func visitorIP(r *http.Request, forwarded bool) (netip.Addr, bool) {
+	s := hostOf(r.RemoteAddr)
+	if forwarded {
+		s = strings.TrimSpace(r.Header.Get("X-Forwarded-For"))
+	}
+	ip, err := netip.ParseAddr(s)
+	return ip, err == nil
+}

@@ -1,0 +1,166 @@
+package edge
+
+import (
+	"crypto/tls"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/ngstone/ngstone/mux"
+)
+
+// A visitor who stops reading a response, or stops sending a request body,
+// holds a stream of its tunnel and the buffers behind it. The edge cuts
+// such a visitor once it has made no progress for WriteTimeout (reading the
+// response) or ReadTimeout (sending the body): both are counted afresh at
+// every write and read, so a slow visitor is never cut, only a stalled one.
+// And no visitor address may hold more than MaxRequestsPerIP of one
+// tunnel's requests at once, so one address cannot take all of a session's
+// streams.
+
+// visitorTimeouts wraps w and r's body with the progress timeouts. The
+// handler calls done when it returns: the request body may still be read
+// after that (the stream's writer goroutine sends what it has left when
+// the agent answered early), but the response writer is the server's no
+// more.
+func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, _ *http.Request, done func()) {
+	rc := http.NewResponseController(w)
+	vw := &visitorWriter{ResponseWriter: w, rc: rc, timeout: e.cfg.WriteTimeout, m: e.metrics}
+	if r.ProtoMajor == 1 {
+		vw.tls, _ = r.Context().Value(connKey{}).(*tls.Conn)
+	}
+	vw.extend()
+	if e.cfg.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+		b := &visitorBody{ReadCloser: r.Body, rc: rc, timeout: e.cfg.ReadTimeout, m: e.metrics}
+		r.Body = b
+		return vw, r, b.handlerDone
+	}
+	return vw, r, func() {}
+}
+
+// visitorWriter moves the write deadline forward before each write, and
+// over HTTP/1.1 with TLS gathers each write's records into one syscall
+// (mux.Cork).
+type visitorWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	tls     *tls.Conn // HTTP/1.1 over TLS: the connection to cork
+	m       *metrics
+}
+
+func (w *visitorWriter) extend() {
+	if w.timeout > 0 {
+		w.rc.SetWriteDeadline(time.Now().Add(w.timeout))
+	}
+}
+
+func (w *visitorWriter) Write(p []byte) (int, error) {
+	w.extend()
+	var uncork mux.Uncorker
+	if w.tls != nil && len(p) > 16<<10 {
+		uncork = mux.Cork(w.tls)
+	}
+	n, err := w.ResponseWriter.Write(p)
+	if uncork != nil {
+		if uerr := uncork.Uncork(); err == nil {
+			err = uerr
+		}
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		w.m.limited(limitWriteTimeout)
+	}
+	return n, err
+}
+
+// WriteHeader passes informational responses on but 100 Continue: the
+// edge's own server sends that when the body is read, if the visitor asked
+// for it.
+func (w *visitorWriter) WriteHeader(code int) {
+	if code == http.StatusContinue {
+		return
+	}
+	w.extend()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer (Flush,
+// Hijack for upgrades).
+func (w *visitorWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// visitorBody moves the read deadline forward before each read of the
+// request body, and clears it at the body's end: after it, the server
+// reads the connection to notice a visitor who leaves.
+type visitorBody struct {
+	io.ReadCloser
+	rc      *http.ResponseController
+	timeout time.Duration
+	m       *metrics
+
+	mu   sync.Mutex
+	done bool // the handler has returned: rc is not to be used
+}
+
+func (b *visitorBody) Read(p []byte) (int, error) {
+	b.deadline(time.Now().Add(b.timeout))
+	n, err := b.ReadCloser.Read(p)
+	if err != nil {
+		b.deadline(time.Time{})
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		b.m.limited(limitReadTimeout)
+		err = errors.Join(errVisitorRead, err)
+	}
+	return n, err
+}
+
+// deadline sets the connection's read deadline while the handler runs.
+func (b *visitorBody) deadline(t time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.done {
+		b.rc.SetReadDeadline(t)
+	}
+}
+
+func (b *visitorBody) handlerDone() {
+	b.mu.Lock()
+	b.done = true
+	b.mu.Unlock()
+}
+
+// visitorSlots counts each visitor address's requests in flight per tunnel.
+type visitorSlots struct {
+	mu sync.Mutex
+	n  map[slotKey]int
+}
+
+type slotKey struct{ host, ip string }
+
+// acquire takes one of ip's max slots for host (max zero or less: no
+// limit), and returns its release.
+func (v *visitorSlots) acquire(host, ip string, max int) (release func(), ok bool) {
+	if max <= 0 {
+		return func() {}, true
+	}
+	k := slotKey{host, ip}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.n[k] >= max {
+		return nil, false
+	}
+	if v.n == nil {
+		v.n = map[slotKey]int{}
+	}
+	v.n[k]++
+	return func() {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		if v.n[k]--; v.n[k] <= 0 {
+			delete(v.n, k)
+		}
+	}, true
+}

@@ -1,0 +1,287 @@
+package registry
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Bolt is the store of a single edge that outlives its process: the
+// bindings in a bbolt file (--data-dir/registry.db), each bind, takeover and
+// release one durable transaction, with a copy in memory that lookups read
+// (so the request path never touches the file).
+//
+// What it keeps of a binding is what the rules need across a restart: the
+// hostname, the holder's instance digest, token and session, the
+// generation, and when the holder was last heard from (Heard, which the
+// edge calls for its live sessions every third of the freshness window, in
+// one transaction). Generations come from one counter stored with every
+// bind, so they never go backwards or repeat, crashes included: bbolt's
+// transactions are atomic and fsynced before they are acknowledged.
+type Bolt struct {
+	path string
+	db   *bolt.DB
+	live LivenessFunc
+	now  func() time.Time
+
+	mu       sync.Mutex
+	bindings map[string]Binding
+	lastGen  uint64
+}
+
+// The file's layout.
+var (
+	bindingsBucket = []byte("bindings")
+	metaBucket     = []byte("meta")
+	formatKey      = []byte("format")
+	lastGenKey     = []byte("last_generation")
+)
+
+// boltFormat names the file's layout; a file with another is not ours.
+const boltFormat = "ngstone-registry-v1"
+
+// ErrNotRegistry means the file at the store's path is not an ngstone
+// registry (corrupted, or another program's): start-up stops rather than
+// lose it.
+var ErrNotRegistry = errors.New("registry: not an ngstone registry")
+
+// boltRecord is a binding as the file keeps it; the hostname is the key.
+type boltRecord struct {
+	InstanceID string    `json:"instance_id"`
+	TokenID    string    `json:"token_id,omitempty"`
+	SessionID  uint64    `json:"session_id"`
+	Node       string    `json:"node,omitempty"`
+	Generation uint64    `json:"generation"`
+	BoundAt    time.Time `json:"bound_at"`
+	LastHeard  time.Time `json:"last_heard"`
+}
+
+// OpenBolt opens (or creates) the store at path; live answers rule 2
+// versus rule 3 as for Memory. A file that is not a registry is an error
+// naming it (ErrNotRegistry), never overwritten; a file another process
+// holds is an error after a second.
+func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
+	defer func() {
+		// bbolt trusts its pages: a damaged one can make it panic.
+		if p := recover(); p != nil {
+			s, err = nil, fmt.Errorf("registry %s: %w: %v (move it away to start with an empty registry)", path, ErrNotRegistry, p)
+		}
+	}()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return nil, fmt.Errorf("registry %s: another process (an edge on the same --data-dir?) holds it", path)
+	case err != nil:
+		return nil, fmt.Errorf("registry %s: %w: %v (move it away to start with an empty registry)", path, ErrNotRegistry, err)
+	}
+	s = &Bolt{path: path, db: db, live: live, now: time.Now, bindings: map[string]Binding{}}
+	if err := s.load(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+// load checks the file (its format and its pages) and reads every
+// binding; a new file gets its format written.
+func (s *Bolt) load() error {
+	fresh := false
+	s.db.View(func(tx *bolt.Tx) error { fresh = empty(tx); return nil })
+	if !fresh {
+		return s.db.View(s.read)
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta, err := tx.CreateBucket(metaBucket)
+		if err == nil {
+			err = meta.Put(formatKey, []byte(boltFormat))
+		}
+		if err == nil {
+			_, err = tx.CreateBucket(bindingsBucket)
+		}
+		return err
+	})
+}
+
+// read checks the file's pages and format and reads its bindings.
+func (s *Bolt) read(tx *bolt.Tx) error {
+	for err := range tx.Check() {
+		return fmt.Errorf("registry %s: %w: %v", s.path, ErrNotRegistry, err)
+	}
+	meta := tx.Bucket(metaBucket)
+	if meta == nil {
+		return fmt.Errorf("registry %s: %w: it holds other data", s.path, ErrNotRegistry)
+	}
+	if f := string(meta.Get(formatKey)); f != boltFormat {
+		return fmt.Errorf("registry %s: %w: format %q, want %q", s.path, ErrNotRegistry, f, boltFormat)
+	}
+	if v := meta.Get(lastGenKey); len(v) == 8 {
+		s.lastGen = binary.BigEndian.Uint64(v)
+	}
+	bs := tx.Bucket(bindingsBucket)
+	if bs == nil {
+		return fmt.Errorf("registry %s: %w: no bindings bucket", s.path, ErrNotRegistry)
+	}
+	return bs.ForEach(func(k, v []byte) error {
+		var r boltRecord
+		if err := json.Unmarshal(v, &r); err != nil || r.Generation == 0 || r.Generation > s.lastGen {
+			return fmt.Errorf("registry %s: %w: binding %q is damaged", s.path, ErrNotRegistry, k)
+		}
+		h := string(k)
+		s.bindings[h] = Binding{Hostname: h, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
+			Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard}
+		return nil
+	})
+}
+
+func empty(tx *bolt.Tx) bool {
+	n := 0
+	tx.ForEach(func([]byte, *bolt.Bucket) error { n++; return nil })
+	return n == 0
+}
+
+// Close closes the file.
+func (s *Bolt) Close() error { return s.db.Close() }
+
+// Bind applies the binding rules to c: one transaction writes the binding
+// and the generation counter, and only once it is durable does the copy in
+// memory change. The liveness function is called with the lock held.
+func (s *Bolt) Bind(_ context.Context, c Claim) (Result, error) {
+	if c.Hostname == "" {
+		return Result{}, errors.New("registry: bind: empty hostname")
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old, held := s.bindings[c.Hostname]
+	outcome, err := decide(old, held, c, s.live)
+	if err != nil {
+		return Result{}, err
+	}
+	if outcome == Unchanged {
+		return Result{Binding: old, Outcome: Unchanged}, nil
+	}
+	now := s.now()
+	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID, SessionID: c.SessionID,
+		Node: c.Node, Generation: s.lastGen + 1, BoundAt: now, LastHeard: now}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		if err := putRecord(tx, b); err != nil {
+			return err
+		}
+		return tx.Bucket(metaBucket).Put(lastGenKey, binary.BigEndian.AppendUint64(nil, b.Generation))
+	})
+	if err != nil {
+		return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+	}
+	s.lastGen = b.Generation
+	s.bindings[c.Hostname] = b
+	res := Result{Binding: b, Outcome: outcome}
+	if held {
+		res.Previous = &old
+	}
+	return res, nil
+}
+
+func putRecord(tx *bolt.Tx, b Binding) error {
+	v, err := json.Marshal(boltRecord{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID,
+		Node: b.Node, Generation: b.Generation, BoundAt: b.BoundAt, LastHeard: b.LastHeard})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bindingsBucket).Put([]byte(b.Hostname), v)
+}
+
+// Release is compare-and-delete on (session, generation), durable before
+// it returns.
+func (s *Bolt) Release(_ context.Context, hostname string, sessionID, generation uint64) (bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.bindings[hostname]
+	if !ok || b.SessionID != sessionID || b.Generation != generation {
+		return false, nil
+	}
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bindingsBucket).Delete([]byte(hostname)) }); err != nil {
+		return false, fmt.Errorf("registry: release %s: %w", hostname, err)
+	}
+	delete(s.bindings, hostname)
+	return true, nil
+}
+
+// HeardAt is when the holder of a binding, at a generation, was heard from.
+type HeardAt struct {
+	Generation uint64
+	At         time.Time
+}
+
+// Heard records when the holders of these bindings (by hostname) were
+// heard from, in one transaction; a binding that moved on since is left
+// alone.
+func (s *Bolt) Heard(held map[string]HeardAt) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var changed []Binding
+	for h, at := range held {
+		if b, ok := s.bindings[h]; ok && b.Generation == at.Generation && at.At.After(b.LastHeard) {
+			b.LastHeard = at.At
+			changed = append(changed, b)
+		}
+	}
+	if len(changed) == 0 {
+		return nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		for _, b := range changed {
+			if err := putRecord(tx, b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("registry: record heartbeats: %w", err)
+	}
+	for _, b := range changed {
+		s.bindings[b.Hostname] = b
+	}
+	return nil
+}
+
+// Get returns hostname's binding, from memory.
+func (s *Bolt) Get(_ context.Context, hostname string) (Binding, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.bindings[hostname]
+	return b, ok, nil
+}
+
+// List returns every binding sorted by hostname, from memory.
+func (s *Bolt) List(context.Context) ([]Binding, error) {
+	s.mu.Lock()
+	out := make([]Binding, 0, len(s.bindings))
+	for _, b := range s.bindings {
+		out = append(out, b)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(out, func(a, b Binding) int { return strings.Compare(a.Hostname, b.Hostname) })
+	return out, nil
+}
+
+// LastSession is the highest session id a stored binding names: the edge
+// numbers its sessions above it, so that a session of the process before
+// a restart is never taken for one of this process.
+func (s *Bolt) LastSession() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var m uint64
+	for _, b := range s.bindings {
+		m = max(m, b.SessionID)
+	}
+	return m
+}

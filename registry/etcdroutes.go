@@ -1,0 +1,577 @@
+package registry
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+)
+
+// The route cache. A watch on the prefix applies every change; it cannot
+// tell by itself that it is current (a member that hangs, or lost its
+// peers, keeps the stream open and says nothing). So every quarter of
+// RouteStaleness the store reads the current revision (a linearizable
+// read, which only a member in touch with the leader answers) and asks the
+// watch for a progress notification: once the watch has delivered that
+// revision, the cache is known to hold every change made before the read
+// started (confirmedAt). Route trusts the cache only within RouteStaleness
+// of that instant; past it, it reads the hostname from etcd. So an edge
+// routes a hostname by a state at most RouteStaleness old: that is the
+// longest two edges may route one name differently.
+
+// maxVerified bounds the hostnames whose own reads are remembered while
+// the cache is unconfirmed.
+const maxVerified = 4096
+
+// watchAttemptKey is gRPC metadata that differs for every watch attempt.
+const watchAttemptKey = "ngstone-watch-attempt"
+
+// errWatchClosed means the watch channel closed without saying why.
+var errWatchClosed = errors.New("registry: etcd watch closed")
+
+// freshness is what the store knows of the cache's currency.
+type freshness struct {
+	confirmedAt time.Time            // the cache holds every change made before it
+	verifiedAt  map[string]time.Time // the same, per hostname read by itself
+	watchedRev  int64                // every event up to it has been applied
+	watchSeen   time.Time            // the watch's last answer of any kind
+	progressed  chan struct{}        // closed when watchedRev moves
+	watchCtx    context.Context      // the current watch's, for RequestProgress
+	stale       bool                 // logged as stale
+}
+
+// RouteStats says how fresh the route cache is and what Route did.
+type RouteStats struct {
+	// Age is the time since etcd last confirmed the cache current.
+	Age time.Duration
+	// Cached counts answers from the cache; Reread those read from etcd
+	// because the cache was not confirmed within RouteStaleness; Failed
+	// those etcd did not answer in time; Busy those refused because
+	// maxRereads hostnames were being read already.
+	Cached, Reread, Failed, Busy uint64
+}
+
+// Route returns hostname's binding for routing a visitor. It answers from
+// the route cache while etcd has confirmed the cache (or this hostname)
+// current within RouteStaleness, else it reads the hostname from etcd
+// first. An error (ErrUnavailable) means neither could vouch for an
+// answer: the caller must not route.
+func (s *Etcd) Route(ctx context.Context, hostname string) (Binding, bool, error) {
+	if b, ok, fresh := s.cached(hostname, time.Now()); fresh {
+		s.counts.cached.Add(1)
+		return b, ok, nil
+	}
+	if s.life == nil {
+		return Binding{}, false, ErrUnavailable
+	}
+	ch := s.flight.DoChan(hostname, func() (any, error) {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return nil, ErrUnavailable
+		}
+		s.wg.Add(1) // Close waits for the read
+		s.mu.Unlock()
+		defer s.wg.Done()
+		return nil, s.reread(hostname)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return Binding{}, false, r.Err
+		}
+		// A read this request joined may have started long before it.
+		b, ok, fresh := s.cached(hostname, time.Now())
+		if !fresh {
+			s.counts.failed.Add(1)
+			return Binding{}, false, fmt.Errorf("%w: etcd answered %s later than the route staleness", ErrUnavailable, hostname)
+		}
+		return b, ok, nil
+	case <-ctx.Done():
+		return Binding{}, false, ctx.Err()
+	}
+}
+
+// reread reads hostname for Route, for every visitor waiting on it: the
+// read is not bound to the first one's request.
+func (s *Etcd) reread(hostname string) error {
+	select {
+	case s.rereads <- struct{}{}:
+		defer func() { <-s.rereads }()
+	default:
+		s.counts.busy.Add(1)
+		return fmt.Errorf("%w: %d hostnames being read from etcd already", ErrUnavailable, maxRereads)
+	}
+	ctx, cancel := context.WithTimeout(s.life, 3*s.callTimeout)
+	defer cancel()
+	if _, _, err := s.read(ctx, hostname); err != nil {
+		s.counts.failed.Add(1)
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	s.counts.reread.Add(1)
+	return nil
+}
+
+// cached returns the cache's binding of host, and whether it is fresh.
+func (s *Etcd) cached(host string, now time.Time) (Binding, bool, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.routes[host]
+	at := s.fresh.confirmedAt
+	if v := s.fresh.verifiedAt[host]; v.After(at) {
+		at = v
+	}
+	return b, ok, now.Sub(at) <= s.staleness
+}
+
+// RouteStats returns the cache's age and Route's counts.
+func (s *Etcd) RouteStats() RouteStats {
+	s.mu.Lock()
+	age := time.Since(s.fresh.confirmedAt)
+	s.mu.Unlock()
+	return RouteStats{Age: age, Cached: s.counts.cached.Load(), Reread: s.counts.reread.Load(),
+		Failed: s.counts.failed.Load(), Busy: s.counts.busy.Load()}
+}
+
+// Lookup answers from the route cache, fresh or not: no I/O. For routing,
+// use Route.
+func (s *Etcd) Lookup(hostname string) (Binding, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b, ok := s.routes[hostname]
+	return b, ok
+}
+
+// NodeAddr returns where node takes forwarded requests.
+func (s *Etcd) NodeAddr(node string) (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.nodes[node]
+	return a, ok
+}
+
+// read reads hostname from etcd (linearizable) and brings the cache up to
+// it: the hostname's cache entry is then current as of the read's start.
+func (s *Etcd) read(ctx context.Context, hostname string) (Binding, bool, error) {
+	start := time.Now()
+	resp, err := s.get(ctx, s.hostKey(hostname))
+	if err != nil {
+		return Binding{}, false, fmt.Errorf("registry: get %s: %w", hostname, err)
+	}
+	var b *Binding
+	rev := resp.Header.Revision // of the absence
+	if len(resp.Kvs) > 0 {
+		d, err := s.decode(hostname, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
+		if err != nil {
+			return Binding{}, false, err
+		}
+		b, rev = &d, resp.Kvs[0].ModRevision
+	}
+	s.applyLocal(hostname, b, rev)
+	s.verified(hostname, start)
+	if b == nil {
+		return Binding{}, false, nil
+	}
+	return *b, true, nil
+}
+
+func (s *Etcd) verified(host string, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := s.fresh.verifiedAt
+	if len(v) >= maxVerified {
+		for h, t := range v {
+			if time.Since(t) > s.staleness {
+				delete(v, h)
+			}
+		}
+	}
+	if len(v) < maxVerified && at.After(v[host]) {
+		v[host] = at
+	}
+}
+
+// applyLocal applies a state of host this store read or wrote itself,
+// reporting a binding of this node it ends.
+func (s *Etcd) applyLocal(host string, b *Binding, rev int64) {
+	s.mu.Lock()
+	lost := s.applyLocked(host, b, rev)
+	s.mu.Unlock()
+	s.takenOver(lost)
+}
+
+// applyLocked records host's state at revision rev (b nil: deleted),
+// unless the cache already knows a later one. It returns the binding of
+// this node the change ended, if any.
+func (s *Etcd) applyLocked(host string, b *Binding, rev int64) *Binding {
+	cur, had := s.routes[host]
+	if had && uint64(rev) <= cur.Generation {
+		return nil
+	}
+	if t, ok := s.tombs[host]; ok && rev <= t.rev {
+		return nil
+	}
+	if b != nil {
+		s.routes[host] = *b
+	} else {
+		delete(s.routes, host)
+		s.tombs[host] = tomb{rev: rev, at: time.Now()}
+	}
+	if had && cur.Node == s.cfg.Node && (b == nil || b.Node != cur.Node || b.SessionID != cur.SessionID) {
+		return &cur
+	}
+	return nil
+}
+
+// takenOver reports a binding of this node that is no longer its own. Our
+// own releases and takeovers show up here too; the edge ignores a binding
+// its session no longer holds.
+func (s *Etcd) takenOver(prev *Binding) {
+	if prev != nil && s.hooks.TakenOver != nil {
+		s.hooks.TakenOver(*prev)
+	}
+}
+
+// load reads hosts and nodes into the caches, confirmed current as of the
+// read's start, and sets the revision the watch resumes after. Bindings of
+// this node that vanished since the last load (while the watch was down)
+// are reported taken over.
+func (s *Etcd) load(ctx context.Context) error {
+	start := time.Now()
+	resp, err := s.get(ctx, s.cfg.Prefix, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	routes, nodes := map[string]Binding{}, map[string]string{}
+	for _, kv := range resp.Kvs {
+		s.collect(kv, routes, nodes)
+	}
+	s.mu.Lock()
+	var gone []Binding
+	for h, b := range s.routes {
+		if nb, ok := routes[h]; b.Node == s.cfg.Node && (!ok || nb.Node != b.Node || nb.SessionID != b.SessionID) {
+			gone = append(gone, b)
+		}
+	}
+	s.routes, s.nodes, s.tombs = routes, nodes, map[string]tomb{}
+	s.progressLocked(resp.Header.Revision)
+	s.confirmLocked(start)
+	s.mu.Unlock()
+	for _, b := range gone {
+		s.takenOver(&b)
+	}
+	return nil
+}
+
+func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, nodes map[string]string) {
+	k := strings.TrimPrefix(string(kv.Key), s.cfg.Prefix)
+	switch {
+	case strings.HasPrefix(k, "hosts/"):
+		h := strings.TrimPrefix(k, "hosts/")
+		if b, err := s.decode(h, kv.Value, kv.ModRevision); err == nil {
+			routes[h] = b
+		}
+	case strings.HasPrefix(k, "nodes/"):
+		var n nodeRecord
+		if json.Unmarshal(kv.Value, &n) == nil {
+			nodes[strings.TrimPrefix(k, "nodes/")] = n.Addr
+		}
+	}
+}
+
+// watch applies every change under the prefix to the caches. A watch that
+// breaks, or that confirmLoop finds silent, is replaced by one resuming
+// after the last revision applied; one that fell behind etcd's compaction
+// reloads the caches.
+func (s *Etcd) watch(ctx context.Context) {
+	defer s.wg.Done()
+	for n := 0; ctx.Err() == nil; n++ {
+		err := s.watchFrom(ctx, n, s.watched())
+		switch {
+		case ctx.Err() != nil:
+			return
+		case errors.Is(err, rpctypes.ErrCompacted):
+			s.log.Warn("cluster watch fell behind etcd's compaction; reloading routes", "err", err)
+			s.reload(ctx)
+		default:
+			s.log.Info("cluster watch restarted", "after_revision", s.watched(), "err", err)
+			select {
+			case <-ctx.Done():
+			case <-time.After(s.callTimeout / 8):
+			}
+		}
+	}
+}
+
+func (s *Etcd) reload(ctx context.Context) {
+	for ctx.Err() == nil {
+		err := s.load(ctx)
+		if err == nil {
+			return
+		}
+		s.log.Warn("cluster routes not reloaded yet", "err", err)
+		select {
+		case <-ctx.Done():
+		case <-time.After(s.cfg.RetryInterval):
+		}
+	}
+}
+
+// watchFrom runs one watch from revision rev+1 until it breaks or is asked
+// to restart.
+func (s *Etcd) watchFrom(ctx context.Context, n int, rev int64) error {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	// Metadata of its own: the client opens a new stream, placed on a
+	// member of the balancer's choice, instead of joining the silent one.
+	wctx = metadata.AppendToOutgoingContext(wctx, watchAttemptKey, strconv.Itoa(n))
+	s.mu.Lock()
+	s.fresh.watchCtx = wctx
+	s.mu.Unlock()
+	select {
+	case <-s.restart: // asked of the previous watch
+	default:
+	}
+	wch := s.cli.Watch(wctx, s.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.restart:
+			return errStalled
+		case wr, ok := <-wch:
+			if !ok {
+				return errWatchClosed
+			}
+			if err := wr.Err(); err != nil {
+				return err
+			}
+			s.watchResponse(wr)
+		}
+	}
+}
+
+func (s *Etcd) watchResponse(wr clientv3.WatchResponse) {
+	var top int64
+	for _, ev := range wr.Events {
+		s.event(ev)
+		top = max(top, ev.Kv.ModRevision)
+	}
+	if wr.IsProgressNotify() {
+		top = wr.Header.Revision
+	}
+	s.mu.Lock()
+	s.progressLocked(top)
+	s.mu.Unlock()
+	s.pruneTombs()
+}
+
+// watched returns the revision up to which every event has been applied.
+func (s *Etcd) watched() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.fresh.watchedRev
+}
+
+func (s *Etcd) progressLocked(rev int64) {
+	f := &s.fresh
+	f.watchSeen = time.Now()
+	if rev > f.watchedRev {
+		f.watchedRev = rev
+		close(f.progressed)
+		f.progressed = make(chan struct{})
+	}
+}
+
+func (s *Etcd) event(ev *clientv3.Event) {
+	k := strings.TrimPrefix(string(ev.Kv.Key), s.cfg.Prefix)
+	switch {
+	case strings.HasPrefix(k, "hosts/"):
+		h := strings.TrimPrefix(k, "hosts/")
+		var now *Binding
+		if ev.Type == mvccpb.PUT {
+			// A value that does not decode holds no route.
+			if b, err := s.decode(h, ev.Kv.Value, ev.Kv.ModRevision); err == nil {
+				now = &b
+			}
+		}
+		s.applyLocal(h, now, ev.Kv.ModRevision)
+	case strings.HasPrefix(k, "nodes/"):
+		n := strings.TrimPrefix(k, "nodes/")
+		s.mu.Lock()
+		if ev.Type == mvccpb.DELETE {
+			delete(s.nodes, n)
+		} else {
+			var r nodeRecord
+			if json.Unmarshal(ev.Kv.Value, &r) == nil {
+				s.nodes[n] = r.Addr
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// pruneTombs drops tombstones older than any write still in flight could be.
+func (s *Etcd) pruneTombs() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.pruned) < 10*time.Second {
+		return
+	}
+	s.pruned = time.Now()
+	for h, t := range s.tombs {
+		if time.Since(t.at) > time.Minute {
+			delete(s.tombs, h)
+		}
+	}
+}
+
+// confirmLoop confirms the cache current every quarter of RouteStaleness
+// or so: jittered, as the client's balancer takes members in turn, and a
+// loop in step with another would send the calls of one to the same member
+// every time (a hung one, as the fault test found).
+// A watch that answers nothing when asked for its progress, or that stays
+// behind for two rounds in a row (its member may have lost its peers, and
+// still answers from what it has), is replaced.
+func (s *Etcd) confirmLoop(ctx context.Context) {
+	defer s.wg.Done()
+	behind := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(jitter(s.staleness / 4)):
+		}
+		silent, err := s.confirm(ctx)
+		switch {
+		case err == nil:
+			behind = 0
+			continue
+		case errors.Is(err, errBehind):
+			behind++
+		}
+		if silent || behind >= 2 {
+			behind = 0
+			select {
+			case s.restart <- struct{}{}:
+			default:
+			}
+		}
+		s.noteStale(err)
+	}
+}
+
+// errBehind means the watch had not delivered the current revision.
+var errBehind = errors.New("registry: the watch is behind etcd")
+
+// confirm reads the current revision and waits for the watch to deliver
+// it; the cache is then current as of the read's start. The watch is asked
+// for its progress at once too, so that a watch that says nothing at all
+// (silent) is found a call timeout into the round, however long the read
+// took.
+func (s *Etcd) confirm(ctx context.Context) (silent bool, err error) {
+	start := time.Now()
+	s.requestProgress()
+	rctx, cancel := context.WithTimeout(ctx, s.staleness/2)
+	defer cancel()
+	resp, err := s.get(rctx, s.nodeKey(s.cfg.Node), clientv3.WithCountOnly())
+	if err != nil {
+		return s.silentSince(start), err
+	}
+	if silent, err := s.awaitWatched(ctx, resp.Header.Revision, start); err != nil {
+		return silent, err
+	}
+	s.mu.Lock()
+	s.confirmLocked(start)
+	wasStale := s.fresh.stale
+	s.fresh.stale = false
+	s.mu.Unlock()
+	if wasStale {
+		s.log.Info("cluster route cache confirmed current again")
+	}
+	return false, nil
+}
+
+// awaitWatched waits for the watch to deliver rev, asking it for a
+// progress notification again, until a call timeout after asked (the
+// round's first request) and at least half of one from now.
+func (s *Etcd) awaitWatched(ctx context.Context, rev int64, asked time.Time) (silent bool, err error) {
+	deadline := time.NewTimer(max(time.Until(asked.Add(s.callTimeout)), s.callTimeout/2))
+	defer deadline.Stop()
+	for requested := false; ; requested = true {
+		s.mu.Lock()
+		got, wake := s.fresh.watchedRev, s.fresh.progressed
+		s.mu.Unlock()
+		if got >= rev {
+			return false, nil
+		}
+		if !requested {
+			s.requestProgress()
+		}
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-deadline.C:
+			silent = s.silentSince(asked)
+			return silent, fmt.Errorf("%w: revision %d not delivered (at %d, silent %v)", errBehind, rev, got, silent)
+		}
+	}
+}
+
+// requestProgress asks the current watch for a progress notification.
+func (s *Etcd) requestProgress() {
+	s.mu.Lock()
+	wctx := s.fresh.watchCtx
+	s.mu.Unlock()
+	if wctx == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(wctx, s.callTimeout)
+	defer cancel()
+	s.cli.RequestProgress(pctx)
+}
+
+// silentSince reports a watch that has said nothing since asked, though
+// asked then for its progress, for a call timeout.
+func (s *Etcd) silentSince(asked time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return time.Since(asked) >= s.callTimeout && s.fresh.watchSeen.Before(asked)
+}
+
+func (s *Etcd) confirmLocked(at time.Time) {
+	f := &s.fresh
+	if at.After(f.confirmedAt) {
+		f.confirmedAt = at
+	}
+	for h, t := range f.verifiedAt {
+		if !t.After(at) {
+			delete(f.verifiedAt, h)
+		}
+	}
+}
+
+// noteStale logs, once, that the cache has gone unconfirmed for longer
+// than RouteStaleness.
+func (s *Etcd) noteStale(err error) {
+	s.mu.Lock()
+	age := time.Since(s.fresh.confirmedAt)
+	first := age > s.staleness && !s.fresh.stale
+	if first {
+		s.fresh.stale = true
+	}
+	s.mu.Unlock()
+	if first {
+		s.log.Warn("cluster route cache not confirmed current by etcd: each route is read from etcd until it is; check the etcd members' health",
+			"age", age.Round(time.Millisecond), "route_staleness", s.staleness, "err", err)
+	}
+}

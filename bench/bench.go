@@ -87,11 +87,16 @@ func (b *bench) close() {
 	b.agent.stop()
 	b.edge.stop()
 	b.be.close()
-	if b.o.keepTemp {
-		logf("child logs kept in %s", b.dir)
+	removeTemp(b.dir, b.o.keepTemp)
+}
+
+// removeTemp removes the run's temporary directory, unless keep (-keep).
+func removeTemp(dir string, keep bool) {
+	if keep {
+		logf("child logs kept in %s", dir)
 		return
 	}
-	os.RemoveAll(b.dir)
+	os.RemoveAll(dir)
 }
 
 func (b *bench) run() error {

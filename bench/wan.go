@@ -49,7 +49,6 @@ type wanBench struct {
 	pair    *wan.Pair
 	backend *http.Server
 	local   string // the backend's address in side B
-	bin     string
 	results []wanResult
 	outages []outageResult
 }
@@ -131,11 +130,7 @@ func (w *wanBench) cleanup() {
 	if w.pair != nil {
 		w.pair.Close()
 	}
-	if w.o.keepTemp {
-		logf("child logs kept in %s", w.dir)
-		return
-	}
-	os.RemoveAll(w.dir)
+	removeTemp(w.dir, w.o.keepTemp)
 }
 
 func (w *wanBench) startBackend() error {

@@ -26,7 +26,7 @@ import (
 // order. Each write takes all the first frames and a chunk of bulk, sized
 // so that a write takes about chunkTime: over a slow link, a frame that
 // comes while one is written waits for little more than a chunk, and the
-// socket beneath holds at most UnsentLimit unsent bytes.
+// socket beneath holds no more unsent bytes than a chunk.
 //
 // The frames that open, accept and close a stream (window updates with
 // SYN, ACK or FIN) are held back for up to holdControl: the request or
@@ -67,11 +67,15 @@ type CoalesceConfig struct {
 	// the network had not yet carried: the tail of the last response. Zero
 	// closes at once.
 	Linger time.Duration
-	// UnsentLimit is the TCP_NOTSENT_LOWAT of the TCP socket beneath, in
-	// bytes: how much written data the kernel holds that it has not yet
+	// UnsentLimit bounds the TCP_NOTSENT_LOWAT of the TCP socket beneath,
+	// in bytes: how much written data the kernel holds that it has not yet
 	// sent. Frames wait above it, where a small response overtakes a bulk
-	// transfer's queue, instead of behind megabytes in the socket. Zero
-	// means DefaultUnsentLimit; negative leaves the socket as it is.
+	// transfer's queue, instead of behind megabytes in the socket. The
+	// connection sets the socket's limit to its chunk of bulk, within
+	// [minChunk, UnsentLimit]: about chunkTime of what the link carries,
+	// enough to keep a fast link busy between writes, a few milliseconds
+	// of a slow one. Zero means DefaultUnsentLimit; negative leaves the
+	// socket as it is.
 	UnsentLimit int
 }
 
@@ -91,10 +95,12 @@ func CoalesceWith(c net.Conn, cfg CoalesceConfig) net.Conn {
 	if cfg.UnsentLimit == 0 {
 		cfg.UnsentLimit = DefaultUnsentLimit
 	}
+	cc := newCoalesced(c, cfg, holdControl)
 	if cfg.UnsentLimit > 0 {
-		limitUnsent(c, cfg.UnsentLimit)
+		cc.tcp = tcpUnder(c)
+		cc.limitUnsentLocked()
 	}
-	return newCoalesced(c, cfg, holdControl)
+	return cc
 }
 
 func newCoalesced(c net.Conn, cfg CoalesceConfig, hold time.Duration) *coalescedConn {
@@ -110,6 +116,9 @@ type coalescedConn struct {
 	hold    time.Duration // holdControl; tests lengthen it
 
 	readDone atomic.Bool // a read returned an error: nothing more will arrive
+
+	tcp    *net.TCPConn // the socket whose unsent bytes are limited; or nil
+	unsent int          // its TCP_NOTSENT_LOWAT as last set
 
 	mu       sync.Mutex
 	cond     sync.Cond      // signals writers waiting for room, and Close
@@ -295,15 +304,26 @@ func (c *coalescedConn) flushLoop() {
 	}
 }
 
-// adaptLocked sizes the next writes' chunk of bulk from how long the last
-// write took: halved when it took longer than chunkTime (a slow link, the
-// socket full), doubled when it took a quarter of that.
+// adaptLocked sizes the next writes' chunk of bulk, and the socket's
+// unsent limit with it, from how long the last write took: halved when it
+// took longer than chunkTime (a slow link, the socket full), doubled when
+// it took a quarter of that.
 func (c *coalescedConn) adaptLocked(d time.Duration) {
 	switch {
 	case d > chunkTime:
 		c.chunk = max(c.chunk/2, minChunk)
 	case d < chunkTime/4:
 		c.chunk = min(c.chunk*2, maxCoalesce)
+	}
+	c.limitUnsentLocked()
+}
+
+// limitUnsentLocked sets the socket's unsent limit to the chunk, within
+// the configured bound, when that changed it.
+func (c *coalescedConn) limitUnsentLocked() {
+	if n := min(c.chunk, c.cfg.UnsentLimit); c.tcp != nil && n != c.unsent {
+		setUnsent(c.tcp, n)
+		c.unsent = n
 	}
 }
 

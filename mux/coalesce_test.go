@@ -367,41 +367,31 @@ func TestCoalesceHoldsControlFramesBriefly(t *testing.T) {
 	}
 }
 
-func TestCoalesceCloseSendsHeldFrames(t *testing.T) {
-	client, server := tcpPair(t)
-	c := Coalesce(client)
+// TestCoalesceCloseSendsWholeFrames: Close sends what is buffered, held
+// frames included, but not a header whose body never came.
+func TestCoalesceCloseSendsWholeFrames(t *testing.T) {
 	fin := heldFrame(0x4, 3)
-	if _, err := c.Write(fin); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(server)
-	if err != nil || !bytes.Equal(b, fin) {
-		t.Fatalf("peer read %x, %v; want the FIN, then EOF", b, err)
-	}
-}
-
-// TestCoalesceCloseDropsALoneHeader: Close sends whole frames only; a
-// header whose body never came stays behind.
-func TestCoalesceCloseDropsALoneHeader(t *testing.T) {
-	client, server := tcpPair(t)
-	c := Coalesce(client)
-	fin := heldFrame(0x4, 3)
-	for _, p := range [][]byte{fin, dataHeader(100)} {
-		if _, err := c.Write(p); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	server.SetReadDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(server)
-	if err != nil || !bytes.Equal(b, fin) {
-		t.Fatalf("peer read %x, %v; want the FIN, then EOF", b, err)
+	for name, writes := range map[string][][]byte{
+		"held FIN":            {fin},
+		"FIN and lone header": {fin, dataHeader(100)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			client, server := tcpPair(t)
+			c := Coalesce(client)
+			for _, p := range writes {
+				if _, err := c.Write(p); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			server.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b, err := io.ReadAll(server)
+			if err != nil || !bytes.Equal(b, fin) {
+				t.Fatalf("peer read %x, %v; want the FIN, then EOF", b, err)
+			}
+		})
 	}
 }
 
@@ -698,17 +688,20 @@ func socketBuffers(t *testing.T, w, r net.Conn) int {
 }
 
 // TestCoalesceUnsentLimit: a coalesced connection over TLS over a batched
-// socket limits the socket's unsent bytes.
+// socket, or behind a wrapper that names its connection, limits the
+// socket's unsent bytes to its chunk within the bound; slow writes lower
+// the limit to minChunk and fast ones raise it back.
 func TestCoalesceUnsentLimit(t *testing.T) {
 	client, server := tcpPair(t)
 	tc, ts := tlsPair(t, Batched(client), Batched(server))
 	t.Cleanup(func() { tc.Close(); ts.Close() })
 	CoalesceWith(tc, CoalesceConfig{UnsentLimit: 40000})
-	Coalesce(wrapped{ts}) // as the edge's listeners wrap their connections
+	cs := Coalesce(wrapped{ts}).(*coalescedConn) // as the edge's listeners wrap their connections
 	if tcpUnder(struct{ net.Conn }{client}) != nil {
 		t.Error("found a TCP connection beneath a wrapper that does not name it")
 	}
-	for c, want := range map[net.Conn]int{client: 40000, server: DefaultUnsentLimit} {
+	check := func(c net.Conn, want int) {
+		t.Helper()
 		n, err := unsentLimit(c)
 		if errors.Is(err, errors.ErrUnsupported) {
 			t.Skip("no TCP_NOTSENT_LOWAT here")
@@ -717,6 +710,20 @@ func TestCoalesceUnsentLimit(t *testing.T) {
 			t.Errorf("TCP_NOTSENT_LOWAT %d, %v; want %d", n, err, want)
 		}
 	}
+	check(client, 40000)
+	check(server, DefaultUnsentLimit)
+	cs.mu.Lock()
+	for range 10 {
+		cs.adaptLocked(time.Second)
+	}
+	cs.mu.Unlock()
+	check(server, minChunk)
+	cs.mu.Lock()
+	for range 10 {
+		cs.adaptLocked(time.Microsecond)
+	}
+	cs.mu.Unlock()
+	check(server, DefaultUnsentLimit)
 }
 
 // TestCoalesceYamuxStress runs many concurrent echo streams of random sizes

@@ -5,18 +5,13 @@ import (
 	"syscall"
 )
 
-// DefaultUnsentLimit is the TCP_NOTSENT_LOWAT a coalescing connection sets
-// on its socket (CoalesceConfig.UnsentLimit).
-const DefaultUnsentLimit = 32 << 10
+// DefaultUnsentLimit bounds the TCP_NOTSENT_LOWAT a coalescing connection
+// sets on its socket (CoalesceConfig.UnsentLimit).
+const DefaultUnsentLimit = maxCoalesce
 
-// limitUnsent sets the socket beneath c, if c is a TCP connection or TLS
-// over one (batched or not), to hold at most n bytes not yet sent. Where
-// the system has no such option it does nothing.
-func limitUnsent(c net.Conn, n int) {
-	tc := tcpUnder(c)
-	if tc == nil {
-		return
-	}
+// setUnsent sets tc to hold at most n bytes not yet sent. Where the system
+// has no such option it does nothing.
+func setUnsent(tc *net.TCPConn, n int) {
 	rc, err := tc.SyscallConn()
 	if err != nil {
 		return

@@ -36,7 +36,6 @@ const namePrefix = "ngwan-"
 type Pair struct {
 	A, B *NS // after Start
 
-	mu    sync.Mutex
 	ab    *pipe // A to B
 	ba    *pipe
 	tuns  []*os.File

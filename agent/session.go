@@ -122,8 +122,8 @@ func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error)
 // dial has connected, a fresh one starts every redialEvery (at most
 // maxDials in one connect), and the first to connect is taken.
 const (
-	redialEvery = 500 * time.Millisecond
-	maxDials    = 20
+	redialEvery = 250 * time.Millisecond
+	maxDials    = 40
 )
 
 // errNoAnswer means no dial got an answer, not even a refusal, before the

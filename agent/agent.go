@@ -20,9 +20,11 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -34,6 +36,12 @@ var (
 	// unreachable. The agent stops advertising its URL.
 	ErrEvicted = errors.New("agent: hostname taken over by another agent")
 )
+
+// evictedError is ErrEvicted with the reason the edge gave.
+type evictedError struct{ reason string }
+
+func (e *evictedError) Error() string { return ErrEvicted.Error() + " (" + e.reason + ")" }
+func (e *evictedError) Unwrap() error { return ErrEvicted }
 
 // RefusedError is the edge's final refusal of a hello or bind.
 type RefusedError struct {
@@ -79,6 +87,7 @@ type Agent struct {
 	headers    *headerRules // nil: none
 	hostHeader string       // the Host the local service gets; "": the visitor's
 	inspect    *Inspector   // nil: no inspector
+	stats      *stats
 	failures   localFailures
 	strays     localFailures
 
@@ -118,7 +127,8 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if cfg.InspectAddr != "" {
 		a.inspect = newInspector(a)
 	}
-	a.status = Status{State: StateConnecting, InstanceID: digest, Local: local.String()}
+	a.stats = newStats()
+	a.status = Status{State: StateConnecting, InstanceID: digest, Edge: cfg.Edge, Local: local.String(), Since: time.Now()}
 	return a, nil
 }
 
@@ -143,14 +153,38 @@ func (a *Agent) Status() Status {
 	return a.status
 }
 
+// Stats returns the agent's connection counters and its last requests.
+func (a *Agent) Stats() Stats { return a.stats.snapshot(time.Now()) }
+
+// setStatus changes the status with f and reports it; Since follows a
+// change of State.
 func (a *Agent) setStatus(f func(*Status)) {
 	a.mu.Lock()
+	prev := a.status.State
 	f(&a.status)
+	if a.status.State != prev {
+		a.status.Since = time.Now()
+	}
 	st := a.status
 	a.mu.Unlock()
 	if a.cfg.OnStatus != nil {
 		a.cfg.OnStatus(st)
 	}
+}
+
+// held reports whether the agent has been bound to its name.
+func (a *Agent) held() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status.Hostname != ""
+}
+
+// setLatency records a round trip to the edge. It is not a change of
+// state: nothing is reported.
+func (a *Agent) setLatency(d time.Duration) {
+	a.mu.Lock()
+	a.status.Latency = d
+	a.mu.Unlock()
 }
 
 // Run connects and serves until ctx ends (then it unbinds gracefully and
@@ -167,18 +201,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() { a.transport().CloseIdleConnections() }()
 	defer a.wg.Wait()
 	if a.inspect != nil {
-		ln, err := net.Listen("tcp", a.cfg.InspectAddr)
+		stop, err := a.startInspector(ctx)
 		if err != nil {
-			return fmt.Errorf("inspect-addr: %w", err)
+			return err
 		}
-		ictx, stop := context.WithCancel(ctx)
 		defer stop() // before a.wg.Wait
-		a.wg.Add(1)
-		go func() {
-			defer a.wg.Done()
-			a.inspect.serve(ictx, ln)
-		}()
-		a.log.Info("inspector", "url", "http://"+ln.Addr().String())
 	}
 	bo := backoff{base: a.cfg.BackoffBase, cap: a.cfg.BackoffCap}
 	for attempt := 0; ; attempt++ {
@@ -188,7 +215,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			return nil
 		}
 		if final := a.finalState(err); final != "" {
-			a.setStatus(func(s *Status) { s.State, s.Err, s.URL, s.URLs = final, err, "", nil })
+			var ee *evictedError
+			errors.As(err, &ee)
+			a.setStatus(func(s *Status) {
+				s.State, s.Err, s.Hint, s.URL, s.URLs = final, err, "", "", nil
+				if ee != nil {
+					s.EvictedReason = ee.reason
+				}
+			})
 			return err
 		}
 		if healthy {
@@ -227,13 +261,59 @@ func retryDelay(bo *backoff, err error) time.Duration {
 	return max(d, retryAfter(err))
 }
 
-// wait sleeps d before reconnect attempt n, reporting it in the status.
+// startInspector listens on the inspector's address (or the next free
+// port of its range) and serves it until the returned stop. With every
+// port of a range taken, the agent runs without it; a single address
+// taken is an error.
+func (a *Agent) startInspector(ctx context.Context) (stop func(), err error) {
+	ln, err := listenRange(a.cfg.InspectAddr, a.cfg.InspectPorts)
+	if err != nil && a.cfg.InspectPorts > 0 && errors.Is(err, syscall.EADDRINUSE) {
+		a.log.Warn("inspector off: every port of its range is in use; pass --inspect-addr HOST:PORT", "from", a.cfg.InspectAddr, "ports", a.cfg.InspectPorts+1)
+		return func() {}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("inspect-addr: %w", err)
+	}
+	ictx, cancel := context.WithCancel(ctx)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.inspect.serve(ictx, ln)
+	}()
+	u := "http://" + ln.Addr().String()
+	a.setStatus(func(s *Status) { s.InspectURL = u })
+	a.log.Info("inspector", "url", u)
+	return cancel, nil
+}
+
+// listenRange listens on addr, or when its port is taken on the next free
+// one of the more ports after it.
+func listenRange(addr string, more int) (net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p == 0 {
+		more = 0
+	}
+	for i := 0; ; i++ {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p+i)))
+		if err == nil || i >= more || p+i >= 65535 || !errors.Is(err, syscall.EADDRINUSE) {
+			return ln, err
+		}
+	}
+}
+
+// wait sleeps d before reconnect attempt n, reporting it in the status
+// with what a person can do about its cause.
 func (a *Agent) wait(ctx context.Context, d time.Duration, n int, cause error) error {
 	next := time.Now().Add(d)
+	hint := a.hint(cause)
 	a.setStatus(func(s *Status) {
-		s.State, s.Attempt, s.NextRetry, s.Err = StateReconnecting, n, next, cause
+		s.State, s.Attempt, s.NextRetry, s.Err, s.Hint = StateReconnecting, n, next, cause, hint
 	})
-	a.log.Info("reconnecting", "attempt", n, "in", d.Round(time.Millisecond), "cause", ErrText(cause))
+	a.log.Debug("reconnect attempt", "attempt", n, "in", d.Round(time.Millisecond), "cause", ErrText(cause), "hint", hint)
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

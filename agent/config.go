@@ -103,8 +103,14 @@ type Config struct {
 	HostHeader string
 	// InspectAddr, when set, is where the agent serves its inspector: a
 	// web page and JSON API of the last requests relayed, with their
-	// bodies, and their replay (loopback addresses only).
+	// bodies, and their replay, and the local API of its tunnels
+	// (loopback addresses only). Empty: none.
 	InspectAddr string
+	// InspectPorts is how many ports after InspectAddr's the agent tries
+	// when that one is taken; with all of them taken it runs without an
+	// inspector. Zero: InspectAddr's port only, and its being taken is an
+	// error.
+	InspectPorts int
 	// LogRequests logs a line for each request relayed, when its exchange
 	// ends: method, path, the status sent back, the agent's own error code
 	// if it answered for the local service, and the duration. An upgraded
@@ -220,6 +226,9 @@ func (c Config) Validate() error {
 			return fmt.Errorf("inspect-addr %q: want a loopback HOST:PORT such as 127.0.0.1:4040 (the inspector shows request bodies and replays requests)", c.InspectAddr)
 		}
 	}
+	if c.InspectPorts < 0 || c.InspectPorts > maxInspectPorts {
+		return fmt.Errorf("inspect ports %d: want 0 to %d", c.InspectPorts, maxInspectPorts)
+	}
 	if c.HostHeader != "" && !validHostHeader(c.HostHeader) {
 		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", c.HostHeader)
 	}
@@ -228,6 +237,9 @@ func (c Config) Validate() error {
 	}
 	return nil
 }
+
+// maxInspectPorts bounds the ports the agent tries for its inspector.
+const maxInspectPorts = 100
 
 // validHostname reports whether h is a DNS name of two labels or more.
 func validHostname(h string) bool {

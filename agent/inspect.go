@@ -5,11 +5,13 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,8 +44,11 @@ type Capture struct {
 	// Code the agent's own error code when it answered itself.
 	Status int    `json:"status"`
 	Code   string `json:"code,omitempty"`
-	// Replay marks an exchange the inspector sent itself.
-	Replay bool `json:"replay,omitempty"`
+	// Replay marks an exchange the inspector sent itself: ReplayOf is the
+	// exchange it sent again, Edited says its request was edited first.
+	Replay   bool   `json:"replay,omitempty"`
+	ReplayOf uint64 `json:"replay_of,omitempty"`
+	Edited   bool   `json:"edited,omitempty"`
 	// GRPCStatus is a gRPC call's status code, from its trailers (its
 	// bodies are kept as they came, not decoded).
 	GRPCStatus string  `json:"grpc_status,omitempty"`
@@ -243,7 +248,11 @@ func (in *Inspector) record(x *exchange, r *http.Request) {
 var inspectPage []byte
 
 // Handler serves the page and its API: GET /api/requests (newest first),
-// GET /api/requests/{id}, POST /api/requests/{id}/replay.
+// GET /api/requests/{id}, GET /api/requests/{id}/{request|response}/body
+// (the kept bytes, as a download), POST /api/requests/{id}/replay (with an
+// optional JSON body {"head": ..., "body": base64} to send an edited
+// request instead), and the local API of the agent's tunnels in ngrok's
+// shape: GET /api/tunnels, GET /api/tunnels/{name}.
 func (in *Inspector) Handler() http.Handler {
 	m := http.NewServeMux()
 	m.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
@@ -260,18 +269,19 @@ func (in *Inspector) Handler() http.Handler {
 			mux.WriteJSON(w, http.StatusOK, c)
 		}
 	})
-	m.HandleFunc("POST /api/requests/{id}/replay", func(w http.ResponseWriter, r *http.Request) {
-		c, ok := in.lookup(w, r)
-		if !ok {
-			return
+	m.HandleFunc("GET /api/requests/{id}/{side}/body", in.serveBody)
+	m.HandleFunc("POST /api/requests/{id}/replay", in.serveReplay)
+	m.HandleFunc("GET /api/tunnels", func(w http.ResponseWriter, r *http.Request) {
+		mux.WriteJSON(w, http.StatusOK, apiTunnelList{Tunnels: in.tunnels(), URI: "/api/tunnels"})
+	})
+	m.HandleFunc("GET /api/tunnels/{name}", func(w http.ResponseWriter, r *http.Request) {
+		for _, t := range in.tunnels() {
+			if t.Name == r.PathValue("name") {
+				mux.WriteJSON(w, http.StatusOK, t)
+				return
+			}
 		}
-		id, err := in.replay(r.Context(), c)
-		if err != nil {
-			mux.WriteJSON(w, http.StatusConflict, map[string]string{"error": err.Error()})
-			return
-		}
-		got, _ := in.get(id)
-		mux.WriteJSON(w, http.StatusOK, got)
+		mux.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "no tunnel named " + strconv.Quote(r.PathValue("name")) + " (GET /api/tunnels lists them)"})
 	})
 	// Another web page the browser visits must not replay requests to the
 	// local service: net/http's cross-origin protection refuses a request
@@ -306,6 +316,132 @@ func loopbackHost(h http.Handler) http.Handler {
 	})
 }
 
+// apiTunnelList and apiTunnel are ngrok's agent API shapes, so that
+// scripts that ask ngrok's agent for its URL work unchanged.
+type apiTunnelList struct {
+	Tunnels []apiTunnel `json:"tunnels"`
+	URI     string      `json:"uri"`
+}
+
+type apiTunnel struct {
+	Name      string          `json:"name"`
+	URI       string          `json:"uri"`
+	PublicURL string          `json:"public_url"`
+	Proto     string          `json:"proto"`
+	Config    apiTunnelConfig `json:"config"`
+}
+
+type apiTunnelConfig struct {
+	Addr    string `json:"addr"`
+	Inspect bool   `json:"inspect"`
+}
+
+func (in *Inspector) tunnels() []apiTunnel {
+	out := []apiTunnel{}
+	for _, t := range in.a.Status().Tunnels() {
+		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
+			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true}})
+	}
+	return out
+}
+
+// serveBody sends a kept body as a download: the bytes are a visitor's
+// or a local service's, so the browser must neither render nor sniff them
+// on the inspector's origin.
+func (in *Inspector) serveBody(w http.ResponseWriter, r *http.Request) {
+	c, ok := in.lookup(w, r)
+	if !ok {
+		return
+	}
+	side := r.PathValue("side")
+	msg := map[string]Message{"request": c.Request, "response": c.Response}
+	m, ok := msg[side]
+	if !ok {
+		mux.WriteJSON(w, http.StatusNotFound, map[string]string{"error": "want request or response"})
+		return
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/octet-stream")
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Content-Security-Policy", "sandbox")
+	h.Set("Content-Disposition", fmt.Sprintf(`attachment; filename="%s-%d.bin"`, side, c.ID))
+	h.Set("Content-Length", strconv.Itoa(len(m.Body)))
+	w.Write(m.Body)
+}
+
+// replayEdit is an edited request to send instead of the kept one: its
+// head as text, and its body (nil: the kept body).
+type replayEdit struct {
+	Head string  `json:"head"`
+	Body *[]byte `json:"body"`
+}
+
+// Replay answers.
+var (
+	// errNotWhole refuses to replay a request whose body was not kept whole.
+	errNotWhole = errors.New("the request body was not kept whole (over 64 KiB, or cut short): it cannot be replayed as it was; edit it to send another")
+	// errBadEdit refuses an edited request the agent cannot send.
+	errBadEdit = errors.New("the edited request")
+)
+
+func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
+	c, ok := in.lookup(w, r)
+	if !ok {
+		return
+	}
+	edited, err := readEdit(w, r, &c)
+	if err == nil {
+		var id uint64
+		id, err = in.replay(r.Context(), c, edited)
+		if err == nil {
+			got, _ := in.get(id)
+			mux.WriteJSON(w, http.StatusOK, got)
+			return
+		}
+	}
+	status := http.StatusBadGateway
+	switch {
+	case errors.Is(err, errNotWhole):
+		status = http.StatusConflict
+	case errors.Is(err, errBadEdit):
+		status = http.StatusBadRequest
+	}
+	mux.WriteJSON(w, status, map[string]string{"error": err.Error()})
+}
+
+// readEdit applies the edit r carries, if any, to c's request.
+func readEdit(w http.ResponseWriter, r *http.Request, c *Capture) (edited bool, err error) {
+	if r.ContentLength == 0 {
+		return false, nil
+	}
+	// base64 takes 4 bytes for 3; the head and JSON's own few.
+	limit := int64(mux.MaxRequestHead + inspectBodyMax*4/3 + 1024)
+	var e replayEdit
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, limit)).Decode(&e); err != nil {
+		return false, fmt.Errorf("%w: want JSON {\"head\": TEXT, \"body\": BASE64} of at most %d bytes: %v", errBadEdit, limit, err)
+	}
+	if e.Head == "" && e.Body == nil {
+		return false, nil
+	}
+	if e.Head != "" {
+		c.Request.Head = normalizeHead(e.Head)
+	}
+	if e.Body != nil {
+		if len(*e.Body) > inspectBodyMax {
+			return false, fmt.Errorf("%w: a body over %d bytes", errBadEdit, inspectBodyMax)
+		}
+		c.Request.Body, c.Request.Size, c.Request.Truncated = *e.Body, int64(len(*e.Body)), false
+	}
+	return true, nil
+}
+
+// normalizeHead gives a head typed in a text box (lines ending in \n,
+// blank lines missing or doubled) HTTP's form.
+func normalizeHead(h string) string {
+	lines := strings.Split(strings.TrimSpace(strings.ReplaceAll(h, "\r\n", "\n")), "\n")
+	return strings.Join(lines, "\r\n") + "\r\n\r\n"
+}
+
 func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bool) {
 	id, err := strconv.ParseUint(r.PathValue("id"), 10, 64)
 	c, ok := in.get(id)
@@ -316,46 +452,58 @@ func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bo
 	return c, true
 }
 
-// errNotWhole refuses to replay a request whose body was not kept whole.
-var errNotWhole = errors.New("the request body was not kept whole (over 64 KiB, or cut short): it cannot be replayed")
-
-// replay sends c's request again to the local service and keeps the
-// exchange as a new capture.
-func (in *Inspector) replay(ctx context.Context, c Capture) (uint64, error) {
+// replay sends c's request again to the local service, keeps the exchange
+// as a new capture and logs it (edited: c's request is not the one kept).
+func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64, error) {
 	if c.Request.Truncated || c.Request.Head == "" {
 		return 0, errNotWhole
 	}
+	if len(c.Request.Head) > mux.MaxRequestHead {
+		return 0, fmt.Errorf("%w: a head over %d bytes", errBadEdit, mux.MaxRequestHead)
+	}
 	req, err := http.ReadRequest(bufio.NewReader(strings.NewReader(c.Request.Head)))
 	if err != nil {
-		return 0, fmt.Errorf("read the kept request: %w", err)
+		return 0, fmt.Errorf("%w: not an HTTP request head: %v", errBadEdit, err)
 	}
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.UpstreamDialTimeout+in.a.cfg.UpstreamTimeout)
 	defer cancel()
-	req = req.WithContext(ctx)
-	req.RequestURI = ""
-	req.URL.Scheme, req.URL.Host = in.a.local.Scheme, in.a.local.Host
-	req.TransferEncoding = nil
-	req.Header.Del("Transfer-Encoding")
-	req.Header.Del("Content-Length")
-	req.ContentLength = int64(len(c.Request.Body))
-	req.Body = http.NoBody
-	if len(c.Request.Body) > 0 {
-		req.Body = io.NopCloser(bytes.NewReader(c.Request.Body))
-	}
+	req = replayRequest(req.WithContext(ctx), in.a.local, c.Request.Body)
 	var kept capture
 	kept.request(req)
 	resp, err := in.a.transport().RoundTrip(req)
 	if err != nil {
+		in.a.log.Warn("replay failed", "of", c.ID, "method", req.Method, "path", req.URL.RequestURI(), "err", err)
 		return 0, fmt.Errorf("send to the local service: %w", err)
 	}
 	kept.response(resp)
 	io.Copy(io.Discard, io.LimitReader(resp.Body, inspectBodyMax+1))
 	resp.Body.Close()
-	return in.add(Capture{
-		Start: start, Duration: time.Since(start), Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Replay: true,
-		Request: kept.req.message(), Response: kept.resp.message(),
-	}), nil
+	took := time.Since(start)
+	id := in.add(Capture{
+		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode,
+		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
+	})
+	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took, Replay: true})
+	in.a.log.Info("replay", "of", c.ID, "edited", edited, "method", req.Method, "path", req.URL.RequestURI(),
+		"status", resp.StatusCode, "duration", took.Round(10*time.Microsecond))
+	return id, nil
+}
+
+// replayRequest addresses req, read from a kept head, to the local service
+// with body.
+func replayRequest(req *http.Request, local *url.URL, body []byte) *http.Request {
+	req.RequestURI = ""
+	req.URL.Scheme, req.URL.Host = local.Scheme, local.Host
+	req.TransferEncoding = nil
+	req.Header.Del("Transfer-Encoding")
+	req.Header.Del("Content-Length")
+	req.ContentLength = int64(len(body))
+	req.Body = http.NoBody
+	if len(body) > 0 {
+		req.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	return req
 }
 
 // serve serves in on ln until ctx ends.

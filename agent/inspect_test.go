@@ -2,17 +2,23 @@ package agent
 
 import (
 	"bytes"
+	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // TestInspector: the inspector keeps each exchange as it crossed the agent
@@ -144,4 +150,184 @@ func TestInspectorKeepsTheLast(t *testing.T) {
 	if _, ok := in.get(1); ok {
 		t.Fatal("the first exchange is still kept")
 	}
+}
+
+// inspectorAPI calls h as a browser on the inspector's own page would.
+func inspectorAPI(t *testing.T, h http.Handler, method, path string, body io.Reader, hdr ...string) (int, http.Header, []byte) {
+	t.Helper()
+	req := httptest.NewRequest(method, path, body)
+	req.Host = "127.0.0.1:4040"
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	return rec.Code, rec.Header(), rec.Body.Bytes()
+}
+
+// TestInspectorEditAndReplay: a replay after editing sends the edited head
+// and body to the local service (Content-Length from the body), is kept
+// and marked as edited, listed among the console's requests and logged;
+// edits the agent cannot send, or that another site asks for, reach
+// nothing.
+func TestInspectorEditAndReplay(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, r.Method+" "+r.URL.RequestURI()+" "+r.Header.Get("X-Edited")+" "+strconv.FormatInt(r.ContentLength, 10)+" "+string(b))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Write([]byte{0, 1, 2, 0xff, '<', 's', '>'})
+	})
+	var logs logBuffer
+	a := relayAgentWith(t, s.URL, Config{InspectAddr: "127.0.0.1:0"}, slog.New(slog.NewJSONHandler(&logs, nil)))
+	h := a.inspect.Handler()
+	req, _ := http.NewRequest("POST", "http://app.ngstone.test/hook", strings.NewReader(`{"event":"paid"}`))
+	relayOnce(t, a, req)
+	orig := a.inspect.list()[0]
+
+	edit := `{"head": "PUT /hook?edited=1 HTTP/1.1\nHost: app.ngstone.test\nX-Edited: yes\nContent-Length: 999\n", "body": "` + base64.StdEncoding.EncodeToString([]byte(`{"event":"refunded"}`)) + `"}`
+	code, _, body := inspectorAPI(t, h, "POST", "/api/requests/"+strconv.FormatUint(orig.ID, 10)+"/replay", strings.NewReader(edit), "Content-Type", "application/json")
+	var got Capture
+	if err := json.Unmarshal(body, &got); err != nil || code != 200 || !got.Replay || !got.Edited || got.ReplayOf != orig.ID || got.Method != "PUT" {
+		t.Fatalf("edited replay: %d %v %s", code, err, body)
+	}
+	mu.Lock()
+	if last := seen[len(seen)-1]; last != `PUT /hook?edited=1 yes 20 {"event":"refunded"}` {
+		t.Errorf("the local service got %q", last)
+	}
+	n := len(seen)
+	mu.Unlock()
+	if st := a.Stats(); len(st.Recent) < 2 || !st.Recent[0].Replay || st.Recent[0].Method != "PUT" || st.Recent[0].Status != 200 {
+		t.Errorf("console's requests: %+v", st.Recent)
+	}
+	if l := logs.line("replay", "/hook?edited=1"); l == nil || l["edited"] != true || l["of"] != float64(orig.ID) {
+		t.Errorf("replay not logged: %s", logs.String())
+	}
+
+	// The binary response: a download that is neither rendered nor sniffed.
+	code, hdr, body := inspectorAPI(t, h, "GET", "/api/requests/"+strconv.FormatUint(got.ID, 10)+"/response/body", nil)
+	if code != 200 || !bytes.Equal(body, []byte{0, 1, 2, 0xff, '<', 's', '>'}) || hdr.Get("Content-Type") != "application/octet-stream" ||
+		hdr.Get("X-Content-Type-Options") != "nosniff" || !strings.HasPrefix(hdr.Get("Content-Disposition"), "attachment") || hdr.Get("Content-Security-Policy") != "sandbox" {
+		t.Errorf("body download: %d %v %q", code, hdr, body)
+	}
+	if code, _, _ := inspectorAPI(t, h, "GET", "/api/requests/"+strconv.FormatUint(got.ID, 10)+"/other/body", nil); code != 404 {
+		t.Errorf("download of another side: %d", code)
+	}
+
+	id := strconv.FormatUint(orig.ID, 10)
+	for _, bad := range []struct {
+		name, body string
+		hdr        []string
+		status     int
+	}{
+		{"not JSON", "head=GET", nil, 400},
+		{"not a request head", `{"head": "hello world"}`, nil, 400},
+		{"a body over 64 KiB", `{"body": "` + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte("x"), inspectBodyMax+1)) + `"}`, nil, 400},
+		{"over the size limit", `{"head": "` + strings.Repeat("a", mux.MaxRequestHead+inspectBodyMax*2) + `"}`, nil, 400},
+		{"from another site", edit, []string{"Sec-Fetch-Site", "cross-site"}, 403},
+		{"from another origin", edit, []string{"Origin", "http://evil.example"}, 403},
+	} {
+		code, _, body := inspectorAPI(t, h, "POST", "/api/requests/"+id+"/replay", strings.NewReader(bad.body), bad.hdr...)
+		if code != bad.status {
+			t.Errorf("%s: %d %s, want %d", bad.name, code, body, bad.status)
+		}
+	}
+	mu.Lock()
+	if len(seen) != n {
+		t.Errorf("refused edits reached the local service: %v", seen[n:])
+	}
+	mu.Unlock()
+}
+
+// TestInspectorPortRange: with its port taken the inspector takes the next
+// free one of its range; the whole range taken, or a single address taken,
+// is EADDRINUSE (TestAgentInspectorRange: what the agent does then).
+func TestInspectorPortRange(t *testing.T) {
+	var held []net.Listener
+	t.Cleanup(func() {
+		for _, l := range held {
+			l.Close()
+		}
+	})
+	// Three consecutive free ports, the first two taken.
+	base := consecutivePorts(t, 3)
+	for i := range 2 {
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, ln)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(base)
+	ln, err := listenRange(addr, 2)
+	if err != nil || ln.Addr().String() != "127.0.0.1:"+strconv.Itoa(base+2) {
+		t.Fatalf("range of 3 with 2 taken: %v %v", ln, err)
+	}
+	held = append(held, ln)
+	if _, err := listenRange(addr, 2); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("the whole range taken: %v", err)
+	}
+	if _, err := listenRange(addr, 0); !errors.Is(err, syscall.EADDRINUSE) {
+		t.Fatalf("a single address taken: %v", err)
+	}
+
+}
+
+// consecutivePorts finds n free consecutive loopback ports.
+func consecutivePorts(t *testing.T, n int) int {
+	t.Helper()
+	for try := 0; try < 100; try++ {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		base := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		ok := base+n <= 65535
+		for i := 1; ok && i < n; i++ {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+i))
+			if err != nil {
+				ok = false
+				break
+			}
+			l.Close()
+		}
+		if ok {
+			return base
+		}
+	}
+	t.Fatal("no free consecutive ports")
+	return 0
+}
+
+// logBuffer collects JSON log lines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// line returns the first log line with msg for path.
+func (b *logBuffer) line(msg, path string) map[string]any {
+	for l := range strings.Lines(b.String()) {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == msg && m["path"] == path {
+			return m
+		}
+	}
+	return nil
 }

@@ -174,10 +174,13 @@ func testStaleHolderTakenOver(t *testing.T, store string) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the woken old holder did not exit")
 	}
-	err := old.Err()
-	var re *agent.RefusedError
-	if !errors.Is(err, agent.ErrEvicted) && !(errors.As(err, &re) && re.Code == mux.CodeSubdomainTaken) {
-		t.Fatalf("old holder exited with %v, want evicted or subdomain_taken", err)
+	// Evicted, whether the edge told it so or refused its return because
+	// the name is another's now.
+	if err := old.Err(); !errors.Is(err, agent.ErrEvicted) {
+		t.Fatalf("old holder exited with %v, want evicted", err)
+	}
+	if st := old.Status(); st.State != agent.StateEvicted || st.EvictedReason == "" {
+		t.Errorf("old holder's status: %s, reason %q", st.State, st.EvictedReason)
 	}
 	if s := old.Status(); s.URL != "" {
 		t.Errorf("old holder still advertises %s", s.URL)

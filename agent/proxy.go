@@ -157,6 +157,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
 	x := &exchange{start: time.Now()}
+	a.stats.opened(x.start)
 	if a.inspect != nil {
 		x.cap = &capture{}
 	}
@@ -192,8 +193,10 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.proxy.ServeHTTP(rw, r)
 }
 
-// ended logs and keeps the exchange once it is over.
+// ended counts, logs and keeps the exchange once it is over.
 func (a *Agent) ended(x *exchange, r *http.Request) {
+	a.stats.closed(Request{Start: x.start, Method: r.Method, Path: r.URL.RequestURI(),
+		Status: int(x.status.Load()), Code: x.errCode(), Duration: time.Since(x.start)})
 	if a.cfg.LogRequests {
 		a.logRequest(x, r)
 	}

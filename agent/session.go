@@ -35,6 +35,9 @@ type conn struct {
 	writeMu sync.Mutex
 	lastAck atomic.Int64 // unix nanoseconds of the last heartbeat answer
 
+	hbMu   sync.Mutex
+	hbSent [hbKept]sentBeat // the last heartbeats sent, by seq % hbKept
+
 	events     chan error    // first session-ending event from the reader
 	readerDone chan struct{} // closed when readControl returns
 	unbound    chan struct{} // closed when the edge confirms the unbind
@@ -47,7 +50,7 @@ type conn struct {
 func (a *Agent) runSession(ctx context.Context, tc *tls.Config, takeover bool) (healthy bool, err error) {
 	c, err := a.connect(ctx, tc, takeover)
 	if err != nil {
-		a.log.Info("connect failed", "edge", a.cfg.Edge, "err", err)
+		a.log.Debug("connect failed", "edge", a.cfg.Edge, "err", err)
 		return false, err
 	}
 	err = c.run(ctx)
@@ -55,7 +58,7 @@ func (a *Agent) runSession(ctx context.Context, tc *tls.Config, takeover bool) (
 		a.stopGracefully(c)
 		return true, nil
 	}
-	a.log.Warn("session ended", "session", c.id, "err", err)
+	a.log.Debug("session ended", "session", c.id, "err", err)
 	a.abandon(c)
 	return true, err
 }
@@ -188,6 +191,7 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	c.ctrl = ctrl
 	ctrl.SetDeadline(deadline)
 	defer ctrl.SetDeadline(time.Time{})
+	sent := time.Now()
 	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: a.cfg.InstanceID, Token: a.cfg.Token, Agent: "ngstone"}); err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
@@ -197,6 +201,8 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	}
 	switch m := msg.(type) {
 	case *mux.HelloOK:
+		// The first measure of the round trip, until a heartbeat's.
+		a.setLatency(time.Since(sent))
 		c.id = m.SessionID
 		a.useResponseHeadLimit(m.MaxResponseHead)
 		if err := a.edgeDoes(m.Features); err != nil {
@@ -239,13 +245,19 @@ func (c *conn) bind(takeover bool) error {
 		}
 		a.setStatus(func(s *Status) {
 			s.State, s.Hostname, s.URL, s.URLs = StateOnline, m.Hostname, m.URL, m.URLs
-			s.Generation, s.SessionID, s.Attempt, s.NextRetry, s.Err = m.Generation, c.id, 0, time.Time{}, nil
+			s.Generation, s.SessionID, s.Attempt, s.NextRetry, s.Err, s.Hint = m.Generation, c.id, 0, time.Time{}, nil, ""
 		})
-		a.log.Info("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
+		a.log.Debug("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
 		return nil
 	case *mux.BindError:
 		if mux.Retryable(m.Code) {
 			return fmt.Errorf("bind: %s", m.Message)
+		}
+		if m.Code == mux.CodeSubdomainTaken && a.held() {
+			// The name this agent held is another instance's now: taken
+			// over while this one was away, after the edge had closed its
+			// silent session (so no evicted reached it).
+			return &evictedError{reason: m.Code}
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	}
@@ -318,6 +330,9 @@ func (c *conn) heartbeat(ctx context.Context) error {
 			return errSessionClosed
 		case <-send.C:
 			seq++
+			c.hbMu.Lock()
+			c.hbSent[seq%hbKept] = sentBeat{seq: seq, at: time.Now()}
+			c.hbMu.Unlock()
 			if err := c.send(&mux.Heartbeat{Seq: seq}, a.cfg.HeartbeatInterval); err != nil {
 				return fmt.Errorf("heartbeat: %w", err)
 			}
@@ -341,16 +356,37 @@ func (c *conn) readControl() {
 		switch m := msg.(type) {
 		case *mux.HeartbeatAck:
 			c.lastAck.Store(time.Now().UnixNano())
+			c.measure(m.Seq)
 		case *mux.Evicted:
 			if m.Hostname == c.hostname {
-				c.a.log.Warn("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
-				c.event(ErrEvicted)
+				c.a.log.Debug("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
+				c.event(&evictedError{reason: m.Reason})
 			}
 		case *mux.GoAway:
 			c.event(errGoAway)
 		case *mux.Unbound:
 			c.once.Do(func() { close(c.unbound) })
 		}
+	}
+}
+
+// hbKept is how many heartbeats' send times a session keeps: a path
+// slower than that many heartbeat intervals is measured no more (its
+// heartbeat timeout is near).
+const hbKept = 16
+
+type sentBeat struct {
+	seq uint64
+	at  time.Time
+}
+
+// measure takes the round trip of heartbeat seq, from when it was sent.
+func (c *conn) measure(seq uint64) {
+	c.hbMu.Lock()
+	b := c.hbSent[seq%hbKept]
+	c.hbMu.Unlock()
+	if b.seq == seq && !b.at.IsZero() {
+		c.a.setLatency(time.Since(b.at))
 	}
 }
 

@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -35,11 +36,42 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "reconnect when the edge has not answered heartbeats for this long")
 	fs.Duration("dial-timeout", d.DialTimeout, "bound on dialing the edge, TLS handshake, hello and bind")
 	fs.Duration("drain-timeout", d.DrainTimeout, "how long requests in flight may finish on a closing session")
-	fs.String("inspect-addr", "", "serve a web page of the last requests, with their bodies and a replay button, on this loopback HOST:PORT (e.g. 127.0.0.1:4040)")
+	fs.Bool("inspect", true, "serve the inspector (a web page of the last requests, their bodies, replay) and the local API (/api/tunnels) on --inspect-addr")
+	fs.String("inspect-addr", DefaultInspectAddr, "loopback HOST:PORT of the inspector and the local API; the default moves to the next free port up to 4049 when taken")
+	fs.Bool("console", true, "on a terminal, show the live status screen on stdout (false: log lines, as when stdout is not a terminal)")
+	fs.Duration("console-refresh", time.Second, "how often the console redraws what changes by itself (countdowns, rates)")
+	fs.MarkHidden("console-refresh")
+	fs.Duration("backoff-base", d.BackoffBase, "shortest wait between reconnect attempts (decorrelated jitter from there)")
+	fs.Duration("backoff-cap", d.BackoffCap, "longest wait between reconnect attempts")
 	fs.String("host-header", "", "Host the local service gets: rewrite (its own HOST:PORT, for dev servers that check Host) or a HOST (default: the visitor's)")
 	fs.StringArray("basic-auth", nil, "USER:PASSWORD a visitor must give (HTTP basic authentication; repeatable; passwords of 8 characters or more)")
 	fs.Bool("log-requests", false, "log a line per request: method, path, status, duration (true by default when stderr is a terminal)")
 	return &Agent{l: newLoader(fs)}
+}
+
+// DefaultInspectAddr is where the inspector listens unless told otherwise;
+// when its port is taken the agent tries the next, up to
+// DefaultInspectAddr's port + inspectPorts.
+const DefaultInspectAddr = "127.0.0.1:4040"
+
+const inspectPorts = 9
+
+// Console is how `ngstone http` shows its state on a terminal.
+type Console struct {
+	// Enabled: a live screen when stdout is a terminal.
+	Enabled bool
+	// Refresh is how often the screen redraws by itself.
+	Refresh time.Duration
+}
+
+// Console returns the console settings, after Load.
+func (c *Agent) Console() (Console, error) {
+	var e errs
+	cs := Console{Enabled: e.boolean(c.l, "console"), Refresh: e.dur(c.l, "console-refresh")}
+	if e.err == nil && cs.Refresh < 10*time.Millisecond {
+		e.set(fmt.Errorf("console-refresh %s: at least 10ms", cs.Refresh))
+	}
+	return cs, e.err
 }
 
 // Load reads flags, environment and file into an agent.Config. local is the
@@ -84,13 +116,24 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	cfg.BasicAuth = l.wholeStrings("basic-auth")
 	cfg.HostHeader = l.string("host-header")
 	cfg.InspectAddr = l.string("inspect-addr")
+	if cfg.InspectAddr == DefaultInspectAddr {
+		cfg.InspectPorts = inspectPorts
+	}
+	if !e.boolean(l, "inspect") {
+		cfg.InspectAddr, cfg.InspectPorts = "", 0
+	}
+	cfg.BackoffBase = e.dur(l, "backoff-base")
+	cfg.BackoffCap = e.dur(l, "backoff-cap")
 	if e.err != nil {
 		return cfg, lg, e.err
 	}
-	for key, d := range map[string]int64{"upstream-timeout": int64(cfg.UpstreamTimeout), "heartbeat-interval": int64(cfg.HeartbeatInterval), "heartbeat-timeout": int64(cfg.HeartbeatTimeout), "dial-timeout": int64(cfg.DialTimeout)} {
+	for key, d := range map[string]int64{"upstream-timeout": int64(cfg.UpstreamTimeout), "heartbeat-interval": int64(cfg.HeartbeatInterval), "heartbeat-timeout": int64(cfg.HeartbeatTimeout), "dial-timeout": int64(cfg.DialTimeout), "backoff-base": int64(cfg.BackoffBase), "backoff-cap": int64(cfg.BackoffCap)} {
 		if d == 0 {
 			return cfg, lg, fmt.Errorf("%s 0: must be positive", key)
 		}
+	}
+	if cfg.BackoffCap < cfg.BackoffBase {
+		return cfg, lg, fmt.Errorf("backoff-cap %s: must be at least backoff-base %s", cfg.BackoffCap, cfg.BackoffBase)
 	}
 	if cfg.Edge == "" {
 		// The embedded edge fills Edge in; check the rest now.

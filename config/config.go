@@ -31,6 +31,22 @@ type Log struct {
 	Level string
 }
 
+// FlagGroup is the annotation of a flag that names its section of the
+// command's --help; a flag without one is in the general section.
+const FlagGroup = "ngstone_help_group"
+
+// FlagGroups are the sections of `ngstone edge --help`, in order.
+var FlagGroups = []string{"Visitors", "TLS", "Agents", "Cluster", "Limits", "Admin"}
+
+// group puts flags in the --help section name.
+func group(fs *pflag.FlagSet, name string, flags ...string) {
+	for _, f := range flags {
+		if err := fs.SetAnnotation(f, FlagGroup, []string{name}); err != nil {
+			panic("config: group " + name + ": " + err.Error()) // a flag renamed without its group
+		}
+	}
+}
+
 // loader reads one command's settings.
 type loader struct {
 	v    *viper.Viper

@@ -65,7 +65,27 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
 	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
 	clusterFlags(fs)
+	groupEdgeFlags(fs)
 	return &Edge{l: newLoader(fs)}
+}
+
+// groupEdgeFlags sorts the edge's flags into the sections of its --help;
+// the rest (domain, config, logs) are general.
+func groupEdgeFlags(fs *pflag.FlagSet) {
+	group(fs, "Visitors", "http-addr", "https-addr", "reserved-names", "tunnel-timeout", "read-header-timeout",
+		"idle-timeout", "shutdown-grace", "proxy-protocol", "proxy-protocol-from")
+	group(fs, "TLS", "tls-mode", "tls-cert", "tls-key", "data-dir", "acme-ca", "acme-email", "acme-ca-root",
+		"dns-provider", "dns-credentials", "dns-resolvers", "dns-propagation-timeout", "on-demand",
+		"on-demand-rate-limit", "on-demand-rate-window", "acme-retry-base", "acme-retry-max")
+	group(fs, "Agents", "control-addr", "token", "tokens-file", "heartbeat-timeout", "hello-timeout", "drain-timeout",
+		"auth-failure-limit", "auth-failure-window")
+	group(fs, "Cluster", "cluster-etcd", "cluster-etcd-ca", "cluster-etcd-cert", "cluster-etcd-key",
+		"cluster-etcd-username", "cluster-etcd-password", "cluster-prefix", "node-name", "cluster-addr",
+		"cluster-advertise", "cluster-key", "cluster-lease-ttl", "cluster-route-staleness")
+	group(fs, "Limits", "max-streams-per-session", "max-conns", "max-conns-per-ip", "max-requests-per-ip",
+		"max-agent-conns", "max-agent-conns-per-ip", "write-timeout", "read-timeout", "max-response-head",
+		"max-request-body")
+	group(fs, "Admin", "admin-addr", "admin-token")
 }
 
 // Load reads flags, environment and file into an edge.Config.

@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -147,7 +148,7 @@ func (e *Edge) Start(ctx context.Context) (err error) {
 		}
 	}
 	e.serve(ctx)
-	e.log.Info("edge started", "domain", e.cfg.Domain, "addrs", e.addrStrings())
+	e.log.Info("edge started", "domain", e.cfg.Domain, e.addrAttr())
 	return nil
 }
 
@@ -295,12 +296,19 @@ func (e *Edge) Addr(name string) net.Addr {
 	return nil
 }
 
-func (e *Edge) addrStrings() map[string]string {
-	out := map[string]string{}
-	for n, ln := range e.listeners {
-		out[n] = ln.Addr().String()
+// addrAttr is the listeners' addresses as one structured attribute:
+// addrs.http=... in text logs, an object in JSON, never Go's map syntax.
+func (e *Edge) addrAttr() slog.Attr {
+	names := make([]string, 0, len(e.listeners))
+	for n := range e.listeners {
+		names = append(names, n)
 	}
-	return out
+	slices.Sort(names)
+	attrs := make([]any, 0, len(names))
+	for _, n := range names {
+		attrs = append(attrs, slog.String(n, e.listeners[n].Addr().String()))
+	}
+	return slog.Group("addrs", attrs...)
 }
 
 // Domain returns the edge's domain.

@@ -31,6 +31,7 @@ Precedence: flags, environment, file, defaults.`,
 		Args: cobra.NoArgs,
 	}
 	loader := config.NewEdge(cmd.Flags())
+	groupFlagsInHelp(cmd)
 	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
 		cfg, lc, err := loader.Load()
 		if err != nil {

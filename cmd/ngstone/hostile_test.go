@@ -334,7 +334,7 @@ func TestBannedAddressToldWhy(t *testing.T) {
 	waitHealthy(t, "127.0.0.1:"+ports[2])
 	_, port := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	args := func(token string) []string {
-		return []string{"http", port, "--edge", "127.0.0.1:" + ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--authtoken", token, "--log-format", "json"}
+		return []string{"http", port, "--edge", "127.0.0.1:" + ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--authtoken", token, "--log-format", "json", "--log-level", "debug"}
 	}
 	for range 5 {
 		if code := startProc(t, nil, args("bad")...).exitCode(t); code != exitRefused {
@@ -350,7 +350,7 @@ func TestBannedAddressToldWhy(t *testing.T) {
 	if !strings.Contains(logs, "too many hellos") || !strings.Contains(logs, "refused until") {
 		t.Errorf("the valid agent was not told why it was refused:\n%s", logs)
 	}
-	if n := strings.Count(logs, `"msg":"reconnecting"`); n > 3 {
+	if n := strings.Count(logs, `"msg":"reconnect attempt"`); n > 3 {
 		t.Errorf("the valid agent retried %d times while refused, want it to wait for the time it was given:\n%s", n, logs)
 	}
 }

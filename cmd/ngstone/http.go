@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -32,9 +31,20 @@ embedded edge in this process for the domain localhost, so that
 https://NAME.localhost:8443 (and http://NAME.localhost:8080) reach the local
 service on this machine.
 
-The agent prints "Forwarding URL -> LOCAL" on stdout once bound, and again
-after every rebind. It reconnects on its own when the network or the edge
-drops, and gets the same URL back. With --subdomain and --edge, an agent
+On a terminal, stdout is a live status screen, redrawn in place: the
+state (and, while reconnecting, the attempt, the next try, since when, the
+last error and what to do about it), the edge and its latency, the
+inspector's URL, each "Forwarding URL -> LOCAL", connection counters and
+the last requests; Ctrl+C stops. Off a terminal (or with
+--console=false) the agent prints "Forwarding URL -> LOCAL" on stdout once
+bound, and again after every rebind, and logs one line per change of state
+on stderr. It reconnects on its own when the network or the edge drops, and
+gets the same URL back.
+
+The inspector (a web page of the last requests, with replay) and a local
+API in ngrok's shape (GET /api/tunnels) listen on 127.0.0.1:4040, or the
+next free port up to 4049; --inspect-addr to choose, --inspect=false to
+turn them off. With --subdomain and --edge, an agent
 started again on this machine is the same instance as the last one (its id
 is kept in the user cache directory), so it takes its name back at once even
 if the edge has not yet noticed that the last one is gone. Exit codes: 0
@@ -44,7 +54,7 @@ token or the name, 4 when another agent took the name over.
 Every flag is also an environment variable (NGSTONE_ + the flag in upper case,
 '-' as '_', e.g. NGSTONE_AUTHTOKEN; NGSTONE_AUTHTOKEN_FILE reads it from a
 file) and a key of the YAML --config file.`,
-		Args: cobra.ExactArgs(1),
+		Args: httpArgs,
 	}
 	loader := config.NewAgent(cmd.Flags())
 	if isTerminal(os.Stderr) {
@@ -56,13 +66,39 @@ file) and a key of the YAML --config file.`,
 		if err != nil {
 			return withCode(exitUsage, err)
 		}
+		cs, err := loader.Console()
+		if err != nil {
+			return withCode(exitUsage, err)
+		}
+		if !cs.Enabled || !isTerminal(os.Stdout) {
+			log := newLogger(lc, os.Stderr)
+			return runAgent(cmd.Context(), cfg, log, newStatusPrinter(cmd.OutOrStdout(), log))
+		}
+		// The console owns the terminal: while stderr is the same
+		// terminal, the log's warnings are shown in it.
+		var events *eventLog
 		log := newLogger(lc, os.Stderr)
-		return runAgent(cmd.Context(), cfg, log, cmd.OutOrStdout())
+		if isTerminal(os.Stderr) {
+			events = newEventLog(consoleEvents)
+			log = newConsoleLogger(lc, events)
+		}
+		return runAgent(cmd.Context(), cfg, log, newConsoleView(version, events, cs.Refresh, isTerminal(os.Stdin)))
 	}
 	return cmd
 }
 
-func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io.Writer) error {
+// agentView shows the agent's state while it runs: the console on a
+// terminal, lines off one.
+type agentView interface {
+	// update is the agent's OnStatus.
+	update(agent.Status)
+	// setNote gives a line about the setup, shown once.
+	setNote(string)
+	// run runs a until ctx ends or it fails, and returns exitFor its error.
+	run(ctx context.Context, a *agent.Agent) error
+}
+
+func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, view agentView) error {
 	if cfg.Edge == "" {
 		e, err := startEmbeddedEdge(ctx, log)
 		if err != nil {
@@ -77,7 +113,7 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 		}()
 		cfg.Edge = e.Addr("control").String()
 		cfg.CAFile = e.CAFile()
-		fmt.Fprintf(os.Stderr, "Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)\n", e.CAFile(), e.CAFile())
+		view.setNote(fmt.Sprintf("Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)", e.CAFile(), e.CAFile()))
 	} else if (cfg.Subdomain != "" || cfg.Hostname != "") && cfg.InstanceID == "" {
 		// A restarted agent is the same instance as the one before it
 		// on this machine, and takes its name back at once.
@@ -92,13 +128,16 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 			}
 		}
 	}
-	out := newStatusPrinter(stdout, log, isTerminal(os.Stdout))
-	cfg.OnStatus = out.update
+	cfg.OnStatus = view.update
 	a, err := agent.New(cfg, log)
 	if err != nil {
 		return withCode(exitUsage, err)
 	}
-	err = a.Run(ctx)
+	return view.run(ctx, a)
+}
+
+// exitFor gives the agent's final error its exit code and sentence.
+func exitFor(err error) error {
 	var re *agent.RefusedError
 	switch {
 	case err == nil:
@@ -109,6 +148,18 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, stdout io
 		return withCode(exitRefused, fmt.Errorf("the edge refused the tunnel: %s: %s", re.Code, re.Message))
 	}
 	return withCode(exitError, err)
+}
+
+// exitCodeOf is the exit code err makes the process exit with.
+func exitCodeOf(err error) int {
+	var ce *codeError
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.As(err, &ce):
+		return ce.code
+	}
+	return exitUsage
 }
 
 // embeddedShutdown bounds the embedded edge's graceful stop after the agent
@@ -152,63 +203,65 @@ func freeOr(addr string) string {
 	return addr
 }
 
-// statusPrinter shows the agent's state: the Forwarding lines on stdout
-// whenever it comes online; on a terminal a status block, otherwise one log
-// line per change of state.
+// statusPrinter shows the agent's state off a terminal: the Forwarding
+// lines on stdout whenever it comes online (scripts read them), and one
+// log line per change of state, or of what a person can do about it:
+// nothing per reconnect attempt while the cause stays the same.
 type statusPrinter struct {
 	w    io.Writer
 	log  *slog.Logger
-	tty  bool
 	mu   sync.Mutex
 	last agent.Status
 }
 
-func newStatusPrinter(w io.Writer, log *slog.Logger, tty bool) *statusPrinter {
-	return &statusPrinter{w: w, log: log, tty: tty}
+func newStatusPrinter(w io.Writer, log *slog.Logger) *statusPrinter {
+	return &statusPrinter{w: w, log: log}
+}
+
+func (p *statusPrinter) setNote(s string) { fmt.Fprintln(os.Stderr, s) }
+
+func (p *statusPrinter) run(ctx context.Context, a *agent.Agent) error {
+	return exitFor(a.Run(ctx))
 }
 
 func (p *statusPrinter) update(s agent.Status) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	changed := s.State != p.last.State || s.URL != p.last.URL || s.Generation != p.last.Generation || s.Attempt != p.last.Attempt
+	prev := p.last
 	p.last = s
-	if !changed {
+	rebound := s.State == agent.StateOnline && (prev.State != agent.StateOnline || s.URL != prev.URL || s.Generation != prev.Generation)
+	if !rebound && s.State == prev.State && s.Hint == prev.Hint && errClass(s.Err) == errClass(prev.Err) {
 		return
 	}
-	if p.tty {
-		p.block(s)
-	} else {
-		p.log.Info("status", "state", string(s.State), "url", s.URL, "attempt", s.Attempt, "err", agent.ErrText(s.Err))
-	}
-	if s.State == agent.StateOnline {
+	p.logStatus(s)
+	if rebound {
 		for _, u := range s.URLs {
 			fmt.Fprintf(p.w, "Forwarding %s -> %s\n", u, s.Local)
 		}
 	}
 }
 
-func (p *statusPrinter) block(s agent.Status) {
-	var b strings.Builder
-	fmt.Fprintf(&b, "\nngstone\n")
-	fmt.Fprintf(&b, "  Status      %s\n", stateLine(s))
-	fmt.Fprintf(&b, "  Instance    %s\n", s.InstanceID)
-	if s.URL != "" {
-		fmt.Fprintf(&b, "  URL         %s\n", s.URL)
+// errClass is what tells two causes of a reconnect apart for the log: a
+// changed hint or a changed kind of error is news, another attempt is not.
+func errClass(err error) string {
+	if err == nil {
+		return ""
 	}
-	if s.Err != nil && s.State != agent.StateOnline {
-		fmt.Fprintf(&b, "  Last error  %s\n", s.Err)
-	}
-	os.Stderr.WriteString(b.String())
+	return fmt.Sprintf("%T", errors.Unwrap(err))
 }
 
-func stateLine(s agent.Status) string {
+func (p *statusPrinter) logStatus(s agent.Status) {
 	switch s.State {
-	case agent.StateReconnecting:
-		return fmt.Sprintf("reconnecting (attempt %d, next in %s)", s.Attempt, time.Until(s.NextRetry).Round(100*time.Millisecond))
-	case agent.StateEvicted:
-		return "evicted: another agent now serves this name; this one stopped advertising it"
 	case agent.StateOnline:
-		return fmt.Sprintf("online (session %d, generation %d)", s.SessionID, s.Generation)
+		p.log.Info("online", "url", s.URL, "edge", s.Edge, "generation", s.Generation, "session", s.SessionID, "latency", s.Latency.Round(10*time.Microsecond))
+	case agent.StateReconnecting:
+		p.log.Warn("reconnecting", "attempt", s.Attempt, "in", time.Until(s.NextRetry).Round(time.Millisecond),
+			"since", s.Since.Format(time.RFC3339), "cause", agent.ErrText(s.Err), "hint", s.Hint)
+	case agent.StateEvicted:
+		p.log.Error("evicted", "hostname", s.Hostname, "reason", s.EvictedReason, "exit_code", exitEvicted)
+	case agent.StateFailed:
+		p.log.Error("refused", "err", agent.ErrText(s.Err), "exit_code", exitRefused)
+	default:
+		p.log.Info(string(s.State), "edge", s.Edge)
 	}
-	return string(s.State)
 }

@@ -37,6 +37,21 @@ func newLogger(lc config.Log, w *os.File) *slog.Logger {
 	return log
 }
 
+// newConsoleLogger keeps the log's warnings and errors (or what lc asks
+// for above those) in events, for the console to show: the console owns
+// the terminal stderr would write to.
+func newConsoleLogger(lc config.Log, events io.Writer) *slog.Logger {
+	level := slog.LevelWarn
+	var asked slog.Level
+	if asked.UnmarshalText([]byte(lc.Level)) == nil && asked > level {
+		level = asked
+	}
+	log := slog.New(tint.NewTextHandler(events, &tint.Options{Level: level, TimeFormat: time.TimeOnly, NoColor: true}))
+	stdlog.SetFlags(0)
+	stdlog.SetOutput(&stdlogWriter{log: log})
+	return log
+}
+
 // stdlogWriter takes what libraries print with the standard logger into
 // the structured log. net/http's transport prints each response a local
 // service sent unasked on an idle connection, with its first bytes, which

@@ -66,9 +66,12 @@ func newRoot() *cobra.Command {
 	root := &cobra.Command{
 		Use:           "ngstone",
 		Short:         "Put a local HTTP service at a public HTTPS URL through your own edge",
+		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
+	root.SetVersionTemplate(versionLine() + "\n")
+	root.SetFlagErrorFunc(suggestFlag)
 	root.AddCommand(newEdgeCmd(), newHTTPCmd(), newVersionCmd(), newHealthcheckCmd())
 	return root
 }

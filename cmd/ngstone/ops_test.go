@@ -248,7 +248,7 @@ func TestEdgeSIGTERM(t *testing.T) {
 	waitHealthy(t, admin)
 	a := startProc(t, nil, "http", port, "--edge", "127.0.0.1:"+ports[1], "--ca-file", filepath.Join(data, "ca.pem"),
 		"--subdomain", "app", "--heartbeat-interval", "100ms", "--heartbeat-timeout", "1s", "--dial-timeout", "1s",
-		"--drain-timeout", "10s", "--log-format", "json")
+		"--drain-timeout", "10s", "--log-format", "json", "--log-level", "debug")
 	a.waitLine(t, regexp.MustCompile(`^Forwarding http://app\.ngstone\.test:`+ports[0]+` -> `))
 	c := visitorClient(t, visitors)
 
@@ -319,8 +319,8 @@ func TestEdgeSIGTERM(t *testing.T) {
 	}
 }
 
-// longestBackoff returns the longest "in" of the agent's JSON "reconnecting"
-// log lines.
+// longestBackoff returns the longest "in" of the agent's JSON "reconnect
+// attempt" log lines (debug: one per attempt).
 func longestBackoff(t *testing.T, logs string) time.Duration {
 	var longest time.Duration
 	for _, l := range strings.Split(logs, "\n") {
@@ -328,7 +328,7 @@ func longestBackoff(t *testing.T, logs string) time.Duration {
 			Msg string        `json:"msg"`
 			In  time.Duration `json:"in"`
 		}
-		if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "reconnecting" && rec.In > longest {
+		if json.Unmarshal([]byte(l), &rec) == nil && rec.Msg == "reconnect attempt" && rec.In > longest {
 			longest = rec.In
 		}
 	}

@@ -240,7 +240,7 @@ func UseStore(t testing.TB, cfg *edge.Config, store string) {
 	case "memory":
 	case "etcd":
 		s := registry.NewEtcd(registry.EtcdConfig{Endpoints: etcdtest.Endpoints(t), Prefix: etcdtest.Prefix(t), Node: "edge-1",
-			LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second,
+			LeaseTTL: 6 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: time.Second, RouteStaleness: time.Second,
 			Log: Logger().With("side", "registry")})
 		cfg.Cluster = &edge.ClusterConfig{Store: s, Addr: "127.0.0.1:0", Key: strings.Repeat("k", edge.MinClusterKey)}
 	default:

@@ -1,0 +1,232 @@
+package agent_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+)
+
+// TestInspectorInBrowser loads the inspector's page in a real headless
+// Chromium while requests go through a real tunnel: a row appears for
+// each, with time, duration and size; the filter by path, status and
+// method narrows them; JSON is pretty-printed, a form shown as fields, a
+// binary body as its size and hex with a download link; visitors' HTML
+// is shown as text, never run; a click on Replay makes a new row, and so
+// does Edit and replay, whose edited body reaches the local service. A
+// screenshot is kept (tunneltest.ArtifactDir). About 3 s.
+func TestInspectorInBrowser(t *testing.T) {
+	chromium := tunneltest.Tool(t, "chromium")
+	var mu sync.Mutex
+	var bodies []string
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, r.URL.Path+" "+string(b))
+		mu.Unlock()
+		switch r.URL.Path {
+		case "/missing":
+			http.NotFound(w, r)
+		case "/bin":
+			w.Header().Set("Content-Type", "image/png")
+			w.Write([]byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00"))
+		case "/hook":
+			w.Header().Set("Content-Type", "application/json")
+			io.WriteString(w, `{"ok":true,"items":[1,2]}`)
+		default:
+			io.WriteString(w, "hello")
+		}
+	}))
+	t.Cleanup(local.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", strings.TrimPrefix(local.URL, "http://"))
+	cfg.Subdomain, cfg.InspectAddr = "page", "127.0.0.1:0"
+	a := tunneltest.StartAgent(t, cfg)
+	st := a.WaitOnline(t)
+
+	c := e.Client()
+	send := func(method, path, ctype, body string, hdr ...string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, tunneltest.URL("https", "page", path), strings.NewReader(body))
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	send("GET", "/hello", "", "", "X-Evil", `<img src=x onerror="document.title='pwned'">`)
+	send("POST", "/hook", "application/json", `{"event":"paid","amount":42}`)
+	send("POST", "/form", "application/x-www-form-urlencoded", "name=Ada+Lovelace&lang=en")
+	send("GET", "/missing", "", "")
+	send("GET", "/bin", "", "")
+
+	ctx := browser(t, chromium)
+	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		if err := chromedp.Do(ctx, actions...); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	text := func(css string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(css)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", css, err)
+		}
+		return s
+	}
+	count := func(css string) int {
+		t.Helper()
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll(`+strconv.Quote(css)+`).length`))
+		if err != nil {
+			t.Fatalf("count %s: %v", css, err)
+		}
+		return n
+	}
+	waitRows := func(want int, what string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for count("#rows tr") != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %d rows, want %d", what, count("#rows tr"), want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	do("load the page", chromedp.Navigate(st.InspectURL), chromedp.WaitVisible(chromedp.ID("rows")))
+	waitRows(5, "the requests sent through the tunnel")
+
+	cells, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#rows tr:first-child td")).map(td => td.textContent)`))
+	if err != nil || len(cells) != 6 || cells[1] != "GET" || cells[2] != "/bin" || cells[3] != "200" || !strings.HasSuffix(cells[4], "s") || cells[5] != "20 B" ||
+		!strings.Contains(cells[0], ":") {
+		t.Errorf("newest row (time, method, path, status, duration, size): %q %v", cells, err)
+	}
+
+	setFilter := func(id, value string) {
+		t.Helper()
+		// As typing does: the value, then an input event.
+		do("filter "+id, chromedp.Evaluate[chromedp.Void](`(e => { e.value = `+strconv.Quote(value)+`; e.dispatchEvent(new Event("input")) })(document.getElementById("`+id+`"))`))
+	}
+	setFilter("f-path", "hook")
+	waitRows(1, "filtered by path hook")
+	setFilter("f-path", "")
+	setFilter("f-status", "4xx")
+	waitRows(1, "filtered by status 4xx")
+	setFilter("f-status", "200")
+	waitRows(4, "filtered by status 200")
+	setFilter("f-status", "")
+	setFilter("f-method", "POST")
+	waitRows(2, "filtered by method POST")
+	setFilter("f-method", "")
+	waitRows(5, "filters cleared")
+
+	caps := map[string]agent.Capture{}
+	for _, cp := range inspectorList(t, st.InspectURL) {
+		caps[cp.Path] = cp
+	}
+	clickRow := func(path string) {
+		t.Helper()
+		do("open "+path, chromedp.Click(chromedp.CSS(fmt.Sprintf(`#rows tr[data-id="%d"]`, caps[path].ID))),
+			chromedp.WaitVisible(chromedp.ID("replay")))
+	}
+	clickRow("/hook")
+	if s := text("#detail pre.json"); !strings.Contains(s, "{\n  \"event\": \"paid\",\n  \"amount\": 42\n}") {
+		t.Errorf("request JSON not pretty-printed: %q", s)
+	}
+	clickRow("/form")
+	if s := text("#detail table.form"); !strings.Contains(s, "name") || !strings.Contains(s, "Ada Lovelace") {
+		t.Errorf("form not shown as fields: %q", s)
+	}
+	clickRow("/bin")
+	href, err := chromedp.Run(ctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll("#detail a[download]")).pop().getAttribute("href")`))
+	if s := text("#detail pre.hex"); err != nil || !strings.Contains(s, "89 50 4e 47") || !strings.Contains(s, ".PNG") || !strings.Contains(href, "/response/body") {
+		t.Errorf("binary body: hex %q, download %q %v", s, href, err)
+	}
+	clickRow("/hello")
+	title, err := chromedp.Run(ctx, chromedp.Title())
+	if s := text("#detail"); err != nil || !strings.Contains(s, `X-Evil: <img src=x onerror="document.title='pwned'">`) || count("#detail img") != 0 || title != "ngstone inspector" {
+		t.Errorf("a visitor's HTML was not shown as text: title %q %v, %d img, detail %q", title, err, count("#detail img"), s)
+	}
+
+	clickRow("/hook")
+	do("replay", chromedp.Click(chromedp.ID("replay")))
+	waitRows(6, "the replay's row")
+	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll("#rows tr td:nth-child(2)")).filter(td => td.textContent.startsWith("↻")).length`)); err != nil || n != 1 {
+		t.Errorf("%d rows marked as a replay, want 1 (%v)", n, err)
+	}
+	clickRow("/hook")
+	do("edit and replay", chromedp.Click(chromedp.ID("edit")), chromedp.WaitVisible(chromedp.ID("edit-body")),
+		chromedp.Evaluate[chromedp.Void](`document.getElementById("edit-body").value = '{"event":"refunded"}'`), chromedp.Click(chromedp.ID("edit-send")))
+	waitRows(7, "the edited replay's row")
+	mu.Lock()
+	last := bodies[len(bodies)-1]
+	mu.Unlock()
+	if last != `/hook {"event":"refunded"}` {
+		t.Errorf("the local service got %q for the edited replay", last)
+	}
+
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(tunneltest.ArtifactDir(t), "inspector.png")
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(png))
+}
+
+// browser starts headless Chromium for the test: as root, without its
+// sandbox, with an empty profile and none of its own network traffic.
+func browser(t *testing.T, path string) context.Context {
+	t.Helper()
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1400, 900),
+	}
+	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancel := chromedp.NewContext(actx)
+	tctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
+	t.Cleanup(func() {
+		cancelT()
+		cancel()
+		cancelAlloc() // kills the browser and waits for it
+	})
+	return tctx
+}
+
+func inspectorList(t *testing.T, base string) []agent.Capture {
+	t.Helper()
+	resp, err := http.Get(base + "/api/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []agent.Capture
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	return list
+}

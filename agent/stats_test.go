@@ -1,0 +1,67 @@
+package agent
+
+import (
+	"testing"
+	"time"
+)
+
+// TestStats: totals, open count, rates over 1 and 5 minutes from one-second
+// buckets (old buckets drop out), the quantiles of the durations, and the
+// recent list bounded and newest first.
+func TestStats(t *testing.T) {
+	s := newStats()
+	t0 := time.Unix(1_000_000, 0)
+	if st := s.snapshot(t0); st.Total != 0 || st.P50 != -1 || st.P90 != -1 || st.Rate1 != 0 {
+		t.Fatalf("empty: %+v", st)
+	}
+	// 120 connections 6 minutes ago, then 1 a second for the last 100 s.
+	for range 120 {
+		s.opened(t0)
+		s.closed(Request{Start: t0, Duration: time.Second})
+	}
+	now := t0.Add(6 * time.Minute)
+	for i := range 100 {
+		at := now.Add(time.Duration(i-99) * time.Second)
+		s.opened(at)
+		s.closed(Request{Start: at, Path: "/" + string(rune('a'+i%26)), Duration: time.Duration(i+1) * time.Millisecond})
+	}
+	s.opened(now) // one still open
+	st := s.snapshot(now)
+	if st.Total != 221 || st.Open != 1 {
+		t.Errorf("total %d open %d, want 221 and 1", st.Total, st.Open)
+	}
+	// The last 60 s hold 60 of the 100, plus the open one (61); the last
+	// 300 s all 101, not the 120 of 6 minutes ago.
+	if want := 61.0 / 60; st.Rate1 != want {
+		t.Errorf("rate1 %.3f, want %.3f", st.Rate1, want)
+	}
+	if want := 101.0 / 300; st.Rate5 != want {
+		t.Errorf("rate5 %.3f, want %.3f", st.Rate5, want)
+	}
+	// The summary holds all 220 durations it was given (none aged 5
+	// minutes of its own clock yet): 120 of 1 s, 100 of 1..100 ms.
+	if st.P50 != time.Second || st.P90 != time.Second {
+		t.Errorf("p50 %s p90 %s, want 1s (120 of 220 took 1s)", st.P50, st.P90)
+	}
+	if len(st.Recent) != recentKeep || st.Recent[0].Duration != 100*time.Millisecond || st.Recent[recentKeep-1].Duration != 37*time.Millisecond {
+		t.Errorf("recent: %d kept, newest %s, oldest %s", len(st.Recent), st.Recent[0].Duration, st.Recent[len(st.Recent)-1].Duration)
+	}
+}
+
+// TestStatsQuantiles: p50 and p90 of 1..1000 ms within the summary's
+// stated error.
+func TestStatsQuantiles(t *testing.T) {
+	s := newStats()
+	now := time.Now()
+	for i := range 1000 {
+		s.opened(now)
+		s.closed(Request{Duration: time.Duration(i+1) * time.Millisecond})
+	}
+	st := s.snapshot(now)
+	near := func(got, want time.Duration, rank float64) bool {
+		return got >= want-time.Duration(rank*1000)*time.Millisecond && got <= want+time.Duration(rank*1000)*time.Millisecond
+	}
+	if !near(st.P50, 500*time.Millisecond, 0.01) || !near(st.P90, 900*time.Millisecond, 0.005) {
+		t.Errorf("p50 %s p90 %s, want 500ms±10ms and 900ms±5ms", st.P50, st.P90)
+	}
+}

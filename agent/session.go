@@ -77,7 +77,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
-	yc, err := a.cfg.Mux.Yamux(nil)
+	yc, err := a.cfg.Mux.YamuxConn(nc, nil)
 	if err != nil {
 		nc.Close()
 		return nil, err

@@ -144,7 +144,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 			return nil, fmt.Errorf("tls handshake: %w", err)
 		}
 	}
-	yc, err := e.cfg.Mux.Yamux(nil)
+	yc, err := e.cfg.Mux.YamuxConn(c, nil)
 	if err != nil {
 		return nil, err
 	}

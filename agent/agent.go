@@ -1,11 +1,12 @@
-// Package agent is ngstone's client: it dials the edge, binds a hostname and
-// serves the edge's streams to a local service.
+// Package agent is ngstone's client: it dials the edge, binds its tunnels'
+// hostnames and serves the edge's streams to their local services.
 //
 // Invariant: the agent acts only on its current session. On any session
-// error it dials anew with decorrelated-jitter backoff and binds with
-// takeover, so it gets its name back as soon as it reaches the edge, while
+// error it dials anew with decorrelated-jitter backoff and binds each name
+// with takeover, so it gets them back as soon as it reaches the edge, while
 // the abandoned session keeps answering the requests it had accepted until
-// DrainTimeout. Bind refusals and an eviction by another instance are final.
+// DrainTimeout. A bind refusal and an eviction by another instance are
+// final for that name; the agent stops when no name is left.
 package agent
 
 import (
@@ -17,13 +18,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httputil"
-	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,8 +30,9 @@ import (
 
 // Final errors returned by Run; anything else was retried.
 var (
-	// ErrEvicted: another instance took the hostname while this agent was
-	// unreachable. The agent stops advertising its URL.
+	// ErrEvicted: another instance took the hostname (every one, for an
+	// agent of several tunnels) while this agent was unreachable. The
+	// agent stops advertising its URLs.
 	ErrEvicted = errors.New("agent: hostname taken over by another agent")
 )
 
@@ -71,29 +70,18 @@ func retryAfter(err error) time.Duration {
 	return 0
 }
 
-// Agent is one `ngstone http` process's tunnel.
+// Agent is one `ngstone http` or `ngstone start` process: its tunnels on
+// one session.
 type Agent struct {
-	cfg   Config
-	log   *slog.Logger
-	local *url.URL
-	// upstreamTLS is the TLS configuration of an https:// local service.
-	upstreamTLS *tls.Config
-	// upstream is the transport to the local service; upstreamMu orders
-	// its replacements (useResponseHeadLimit).
-	upstream   atomic.Pointer[http.Transport]
-	upstreamMu sync.Mutex
-	proxy      *httputil.ReverseProxy
-	auth       *basicAuth   // nil: visitors need no credentials
-	headers    *headerRules // nil: none
-	hostHeader string       // the Host the local service gets; "": the visitor's
-	inspect    *Inspector   // nil: no inspector
-	stats      *stats
-	failures   localFailures
-	strays     localFailures
+	cfg     Config
+	log     *slog.Logger
+	tunnels []*tunnel
+	inspect *Inspector // nil: no inspector
+	stats   *stats
 
-	mu        sync.Mutex
-	status    Status
-	subdomain string // the name to ask for; set by the first bind when random
+	mu     sync.Mutex
+	status Status
+	hosts  map[string]*tunnel // every hostname bound, to its tunnel
 
 	wg sync.WaitGroup // abandoned sessions still draining
 }
@@ -107,29 +95,46 @@ func New(cfg Config, log *slog.Logger) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	local, err := ParseLocal(cfg.Local)
-	if err != nil {
-		return nil, err
-	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	digest := mux.InstanceDigest(cfg.InstanceID)
-	a := &Agent{cfg: cfg, log: log.With("instance", digest), local: local, subdomain: cfg.Subdomain}
-	if local.Scheme == "https" {
-		a.upstreamTLS = &tls.Config{ServerName: local.Hostname(), InsecureSkipVerify: cfg.UpstreamInsecure}
+	a := &Agent{cfg: cfg, log: log.With("instance", digest), hosts: map[string]*tunnel{}}
+	for _, tc := range cfg.tunnels() {
+		t, err := newTunnel(a, tc)
+		if err != nil {
+			return nil, err
+		}
+		a.tunnels = append(a.tunnels, t)
 	}
 	a.useResponseHeadLimit(mux.MaxResponseHead)
-	a.proxy = a.newProxy()
-	a.auth = newBasicAuth(cfg.BasicAuth)
-	a.headers, _ = parseHeaderRules(cfg) // checked by Validate
-	a.hostHeader = hostHeader(cfg.HostHeader, local)
 	if cfg.InspectAddr != "" {
 		a.inspect = newInspector(a)
 	}
 	a.stats = newStats()
-	a.status = Status{State: StateConnecting, InstanceID: digest, Edge: cfg.Edge, Local: local.String(), Since: time.Now()}
+	a.status = Status{State: StateConnecting, InstanceID: digest, Edge: cfg.Edge, Since: time.Now()}
+	a.summarizeLocked()
 	return a, nil
+}
+
+// summarizeLocked sets the status's tunnels, and its single-tunnel fields
+// from the first tunnel that holds its name (the first when none does).
+func (a *Agent) summarizeLocked() {
+	s := &a.status
+	s.Tunnels = make([]TunnelStatus, len(a.tunnels))
+	first := -1
+	for i, t := range a.tunnels {
+		s.Tunnels[i] = t.st
+		s.Tunnels[i].URLs = slices.Clone(t.st.URLs)
+		if first < 0 && !t.final() {
+			first = i
+		}
+	}
+	if first < 0 {
+		first = 0
+	}
+	t := s.Tunnels[first]
+	s.Local, s.Hostname, s.URL, s.URLs, s.Generation = t.Local, t.Hostname, t.URL, t.URLs, t.Generation
 }
 
 // NewInstanceID returns 16 random bytes as 32 hex characters.
@@ -165,18 +170,12 @@ func (a *Agent) setStatus(f func(*Status)) {
 	if a.status.State != prev {
 		a.status.Since = time.Now()
 	}
+	a.summarizeLocked()
 	st := a.status
 	a.mu.Unlock()
 	if a.cfg.OnStatus != nil {
 		a.cfg.OnStatus(st)
 	}
-}
-
-// held reports whether the agent has been bound to its name.
-func (a *Agent) held() bool {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.status.Hostname != ""
 }
 
 // setLatency records a round trip to the edge. It is not a change of
@@ -195,10 +194,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := a.loadUpstreamCA(); err != nil {
-		return err
+	for _, t := range a.tunnels {
+		if err := t.loadUpstreamCA(); err != nil {
+			return err
+		}
 	}
-	defer func() { a.transport().CloseIdleConnections() }()
+	defer func() {
+		for _, t := range a.tunnels {
+			t.transport().CloseIdleConnections()
+		}
+	}()
 	defer a.wg.Wait()
 	if a.inspect != nil {
 		stop, err := a.startInspector(ctx)
@@ -218,7 +223,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			var ee *evictedError
 			errors.As(err, &ee)
 			a.setStatus(func(s *Status) {
-				s.State, s.Err, s.Hint, s.URL, s.URLs = final, err, "", "", nil
+				s.State, s.Err, s.Hint = final, err, ""
 				if ee != nil {
 					s.EvictedReason = ee.reason
 				}

@@ -20,7 +20,7 @@ func TestBasicAuth(t *testing.T) {
 		hits.Add(1)
 		io.WriteString(w, "secret page")
 	})
-	a := relayAgentWith(t, s.URL, Config{BasicAuth: []string{"alice:correct horse", "bob:pass,word:1"}}, slog.New(slog.DiscardHandler))
+	a := relayAgentWith(t, s.URL, Config{Tunnel: Tunnel{BasicAuth: []string{"alice:correct horse", "bob:pass,word:1"}}}, slog.New(slog.DiscardHandler))
 	for _, tc := range []struct {
 		name, user, pass, body string
 		set                    bool

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,9 +18,75 @@ import (
 
 // Config is everything an agent needs. DefaultConfig gives the documented
 // defaults; the zero value of each field is described on it.
+//
+// An agent serves one tunnel or several on one session (one instance):
+// the embedded Tunnel (`ngstone http`), or Tunnels when it has any
+// (`ngstone start`).
 type Config struct {
+	// Tunnel is the agent's one tunnel when Tunnels is empty.
+	Tunnel
+	// Tunnels are the agent's tunnels, each named, each bound, taken back
+	// and released on its own; empty means the one of Tunnel.
+	Tunnels []Tunnel
 	// Edge is the edge's control address, HOST:PORT. Required.
 	Edge string
+	// Token is presented in hello; empty for an open edge.
+	Token string
+	// CAFile is a PEM bundle trusted for the edge's certificate; empty
+	// means the system roots.
+	CAFile string
+	// RootCAs, when set, is trusted instead of CAFile (the embedded edge).
+	RootCAs *x509.CertPool `json:"-"`
+	// ServerName is the name the edge's certificate must match (and the
+	// TLS server name sent); empty means the host part of Edge. Set it when
+	// dialing the edge by address: --edge 203.0.113.7:4443 --server-name
+	// tunnels.example.com.
+	ServerName string
+	// Insecure skips verification of the edge's certificate.
+	Insecure bool
+	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout: with no answer to heartbeats for this long the
+	// agent declares its session dead and dials anew. Zero means 45s.
+	HeartbeatTimeout time.Duration
+	// DialTimeout bounds the TCP dial, TLS handshake, hello and binds of
+	// one connection attempt. Zero means 10s.
+	DialTimeout time.Duration
+	// BackoffBase and BackoffCap shape the decorrelated-jitter reconnect
+	// backoff. Zero means 500ms and 30s.
+	BackoffBase, BackoffCap time.Duration
+	// DrainTimeout bounds how long an abandoned session keeps answering
+	// requests it already accepted, and how long a graceful stop waits for
+	// in-flight requests. Zero means 10s.
+	DrainTimeout time.Duration
+	// Mux tunes yamux; zero fields take mux defaults.
+	Mux mux.Config
+	// InstanceID identifies this agent process across reconnects; empty
+	// means New mints one.
+	InstanceID string
+	// InspectAddr, when set, is where the agent serves its inspector: a
+	// web page and JSON API of the last requests relayed, with their
+	// bodies, and their replay (loopback addresses only).
+	InspectAddr string
+	// InspectPorts: when InspectAddr's port is taken, the agent tries the
+	// next ones, up to this many more. Zero means InspectAddr only.
+	InspectPorts int
+	// LogRequests logs a line for each request relayed, when its exchange
+	// ends: method, path, the status sent back, the agent's own error code
+	// if it answered for the local service, and the duration. An upgraded
+	// connection (WebSocket) is logged when it closes.
+	LogRequests bool
+	// OnStatus, when set, is called on every change of status, from the
+	// agent's goroutine; it must not block.
+	OnStatus func(Status) `json:"-"`
+}
+
+// Tunnel is one public name and the local service behind it, with what
+// applies to its requests.
+type Tunnel struct {
+	// Name names the tunnel in the inspector, the local API and messages
+	// (a key of the tunnels: file); empty for the command line's.
+	Name string
 	// Local is the local service: PORT, HOST:PORT or an http(s) URL. Required.
 	Local string
 	// Subdomain is the name to bind; empty asks the edge for a random one.
@@ -40,20 +107,6 @@ type Config struct {
 	// (X-Forwarded-*) and the message's framing cannot be touched.
 	RequestHeaderAdd, RequestHeaderRemove   []string
 	ResponseHeaderAdd, ResponseHeaderRemove []string
-	// Token is presented in hello; empty for an open edge.
-	Token string
-	// CAFile is a PEM bundle trusted for the edge's certificate; empty
-	// means the system roots.
-	CAFile string
-	// RootCAs, when set, is trusted instead of CAFile (the embedded edge).
-	RootCAs *x509.CertPool `json:"-"`
-	// ServerName is the name the edge's certificate must match (and the
-	// TLS server name sent); empty means the host part of Edge. Set it when
-	// dialing the edge by address: --edge 203.0.113.7:4443 --server-name
-	// tunnels.example.com.
-	ServerName string
-	// Insecure skips verification of the edge's certificate.
-	Insecure bool
 	// UpstreamTimeout bounds the wait for the local service's response
 	// headers (504 upstream_timeout). Zero means 30s.
 	UpstreamTimeout time.Duration
@@ -71,26 +124,6 @@ type Config struct {
 	// http:// local service; h2 through ALPN to an https:// one), which
 	// gRPC servers need. Empty means http1.
 	UpstreamProtocol string
-	// HeartbeatInterval is how often the agent heartbeats. Zero means 15s.
-	HeartbeatInterval time.Duration
-	// HeartbeatTimeout: with no answer to heartbeats for this long the
-	// agent declares its session dead and dials anew. Zero means 45s.
-	HeartbeatTimeout time.Duration
-	// DialTimeout bounds the TCP dial, TLS handshake, hello and bind of one
-	// connection attempt. Zero means 10s.
-	DialTimeout time.Duration
-	// BackoffBase and BackoffCap shape the decorrelated-jitter reconnect
-	// backoff. Zero means 500ms and 30s.
-	BackoffBase, BackoffCap time.Duration
-	// DrainTimeout bounds how long an abandoned session keeps answering
-	// requests it already accepted, and how long a graceful stop waits for
-	// in-flight requests. Zero means 10s.
-	DrainTimeout time.Duration
-	// Mux tunes yamux; zero fields take mux defaults.
-	Mux mux.Config
-	// InstanceID identifies this agent process across reconnects; empty
-	// means New mints one.
-	InstanceID string
 	// BasicAuth, when set, lists the USER:PASSWORD pairs of HTTP basic
 	// authentication: a request that carries none of them gets 401
 	// basic_auth_required from the agent and never reaches the local
@@ -101,24 +134,20 @@ type Config struct {
 	// server that checks Host expects), another value that host. Empty
 	// keeps the visitor's; X-Forwarded-Host always carries it.
 	HostHeader string
-	// InspectAddr, when set, is where the agent serves its inspector: a
-	// web page and JSON API of the last requests relayed, with their
-	// bodies, and their replay, and the local API of its tunnels
-	// (loopback addresses only). Empty: none.
-	InspectAddr string
-	// InspectPorts is how many ports after InspectAddr's the agent tries
-	// when that one is taken; with all of them taken it runs without an
-	// inspector. Zero: InspectAddr's port only, and its being taken is an
-	// error.
-	InspectPorts int
-	// LogRequests logs a line for each request relayed, when its exchange
-	// ends: method, path, the status sent back, the agent's own error code
-	// if it answered for the local service, and the duration. An upgraded
-	// connection (WebSocket) is logged when it closes.
-	LogRequests bool
-	// OnStatus, when set, is called on every change of status, from the
-	// agent's goroutine; it must not block.
-	OnStatus func(Status) `json:"-"`
+}
+
+// AsksName reports whether one of c's tunnels asks for a name of its own
+// (a random name has nothing to take back after a restart).
+func (c Config) AsksName() bool {
+	return slices.ContainsFunc(c.tunnels(), func(t Tunnel) bool { return t.Subdomain != "" || t.Hostname != "" })
+}
+
+// tunnels returns the agent's tunnels: Tunnels, or the embedded one.
+func (c Config) tunnels() []Tunnel {
+	if len(c.Tunnels) > 0 {
+		return c.Tunnels
+	}
+	return []Tunnel{c.Tunnel}
 }
 
 // The upstream protocols (Config.UpstreamProtocol).
@@ -130,37 +159,53 @@ const (
 // DefaultConfig returns the documented defaults of `ngstone http`.
 func DefaultConfig() Config {
 	return Config{
-		UpstreamTimeout:     30 * time.Second,
-		UpstreamDialTimeout: 5 * time.Second,
-		HeartbeatInterval:   15 * time.Second,
-		HeartbeatTimeout:    45 * time.Second,
-		DialTimeout:         10 * time.Second,
-		BackoffBase:         500 * time.Millisecond,
-		BackoffCap:          30 * time.Second,
-		DrainTimeout:        10 * time.Second,
-		Mux:                 mux.DefaultConfig(),
+		Tunnel:            DefaultTunnel(),
+		HeartbeatInterval: 15 * time.Second,
+		HeartbeatTimeout:  45 * time.Second,
+		DialTimeout:       10 * time.Second,
+		BackoffBase:       500 * time.Millisecond,
+		BackoffCap:        30 * time.Second,
+		DrainTimeout:      10 * time.Second,
+		Mux:               mux.DefaultConfig(),
+	}
+}
+
+// DefaultTunnel returns a tunnel's documented defaults.
+func DefaultTunnel() Tunnel {
+	return Tunnel{UpstreamTimeout: 30 * time.Second, UpstreamDialTimeout: 5 * time.Second}
+}
+
+func setDefault(v *time.Duration, def time.Duration) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
-	set := func(v *time.Duration, def time.Duration) {
-		if *v <= 0 {
-			*v = def
-		}
+	c.Tunnel = c.Tunnel.withDefaults()
+	c.Tunnels = slices.Clone(c.Tunnels)
+	for i := range c.Tunnels {
+		c.Tunnels[i] = c.Tunnels[i].withDefaults()
 	}
-	set(&c.UpstreamTimeout, d.UpstreamTimeout)
-	set(&c.UpstreamDialTimeout, d.UpstreamDialTimeout)
-	set(&c.HeartbeatInterval, d.HeartbeatInterval)
-	set(&c.HeartbeatTimeout, d.HeartbeatTimeout)
-	set(&c.DialTimeout, d.DialTimeout)
-	set(&c.BackoffBase, d.BackoffBase)
-	set(&c.BackoffCap, d.BackoffCap)
-	set(&c.DrainTimeout, d.DrainTimeout)
+	setDefault(&c.HeartbeatInterval, d.HeartbeatInterval)
+	setDefault(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	setDefault(&c.DialTimeout, d.DialTimeout)
+	setDefault(&c.BackoffBase, d.BackoffBase)
+	setDefault(&c.BackoffCap, d.BackoffCap)
+	setDefault(&c.DrainTimeout, d.DrainTimeout)
 	return c
 }
 
-// Validate reports the first invalid field, naming it as the CLI flag.
+func (t Tunnel) withDefaults() Tunnel {
+	d := DefaultTunnel()
+	setDefault(&t.UpstreamTimeout, d.UpstreamTimeout)
+	setDefault(&t.UpstreamDialTimeout, d.UpstreamDialTimeout)
+	return t
+}
+
+// Validate reports the first invalid field, naming it as the CLI flag
+// (and the tunnel, for one of several).
 func (c Config) Validate() error {
 	if c.Edge == "" {
 		return errors.New("edge: required (the edge's control address, HOST:PORT)")
@@ -168,57 +213,11 @@ func (c Config) Validate() error {
 	if _, _, err := net.SplitHostPort(c.Edge); err != nil {
 		return fmt.Errorf("edge %q: want HOST:PORT", c.Edge)
 	}
-	local, err := ParseLocal(c.Local)
-	if err != nil {
-		return err
-	}
-	if local.Scheme != "https" {
-		switch {
-		case c.UpstreamCAFile != "":
-			return fmt.Errorf("upstream-ca-file: the local service %s is not https://", local)
-		case c.UpstreamInsecure:
-			return fmt.Errorf("upstream-insecure: the local service %s is not https://", local)
-		}
-	}
-	switch c.UpstreamProtocol {
-	case "", ProtocolHTTP1, ProtocolHTTP2:
-	default:
-		return fmt.Errorf("upstream-protocol %q: want %s or %s", c.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
-	}
-	if c.Subdomain != "" {
-		if err := registry.ValidateSubdomain(c.Subdomain, nil); err != nil {
-			return fmt.Errorf("subdomain: %v", err)
-		}
-	}
-	if c.Hostname != "" {
-		if c.Subdomain != "" {
-			return errors.New("hostname: give --subdomain or --hostname, not both")
-		}
-		if !validHostname(c.Hostname) {
-			return fmt.Errorf("hostname %q: want a DNS name such as app.example.org", c.Hostname)
-		}
-	}
-	for flag, list := range map[string][]string{"allow-cidr": c.AllowCIDR, "deny-cidr": c.DenyCIDR} {
-		for _, p := range list {
-			if _, err := netip.ParsePrefix(p); err != nil {
-				return fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", flag, p)
-			}
-		}
-	}
-	if _, err := parseHeaderRules(c); err != nil {
+	if err := validateTunnels(c.tunnels()); err != nil {
 		return err
 	}
 	if c.HeartbeatInterval > 0 && c.HeartbeatTimeout > 0 && c.HeartbeatTimeout <= c.HeartbeatInterval {
 		return fmt.Errorf("heartbeat-timeout %s: must be longer than heartbeat-interval %s", c.HeartbeatTimeout, c.HeartbeatInterval)
-	}
-	for _, pair := range c.BasicAuth {
-		user, pass, ok := strings.Cut(pair, ":")
-		switch {
-		case !ok || user == "":
-			return errors.New("basic-auth: want USER:PASSWORD")
-		case len(pass) < minBasicAuthPassword:
-			return fmt.Errorf("basic-auth: the password of %q is shorter than %d characters (the URL is public)", user, minBasicAuthPassword)
-		}
 	}
 	if c.InspectAddr != "" {
 		host, _, err := net.SplitHostPort(c.InspectAddr)
@@ -229,11 +228,112 @@ func (c Config) Validate() error {
 	if c.InspectPorts < 0 || c.InspectPorts > maxInspectPorts {
 		return fmt.Errorf("inspect ports %d: want 0 to %d", c.InspectPorts, maxInspectPorts)
 	}
-	if c.HostHeader != "" && !validHostHeader(c.HostHeader) {
-		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", c.HostHeader)
-	}
 	if c.InstanceID != "" && !mux.ValidInstanceID(c.InstanceID) {
 		return fmt.Errorf("instance id %q: want 32 lower-case hex characters", c.InstanceID)
+	}
+	return nil
+}
+
+// maxTunnels bounds the tunnels of one agent: each is a binding the edge
+// keeps, and a bind on the session's control stream.
+const maxTunnels = 64
+
+// validateTunnels checks each tunnel, and that no two share a name or ask
+// for the same one.
+func validateTunnels(ts []Tunnel) error {
+	if len(ts) > maxTunnels {
+		return fmt.Errorf("tunnels: %d, at most %d in one agent", len(ts), maxTunnels)
+	}
+	names := map[string]string{} // the name asked for -> the tunnel that asks
+	seen := map[string]bool{}
+	for _, t := range ts {
+		if len(ts) > 1 {
+			if t.Name == "" {
+				return errors.New("tunnels: each of several tunnels needs a name")
+			}
+			if seen[t.Name] {
+				return fmt.Errorf("tunnel %q: two tunnels of that name", t.Name)
+			}
+			seen[t.Name] = true
+		}
+		if err := t.validate(); err != nil {
+			if t.Name != "" {
+				return fmt.Errorf("tunnel %q: %w", t.Name, err)
+			}
+			return err
+		}
+		want := strings.ToLower(strings.TrimSuffix(t.Hostname, "."))
+		if want == "" {
+			want = t.Subdomain
+		}
+		if want == "" {
+			continue
+		}
+		if other, ok := names[want]; ok {
+			key := "subdomain"
+			if t.Hostname != "" {
+				key = "hostname"
+			}
+			return fmt.Errorf("tunnel %q: %s %s is tunnel %q's too: each tunnel needs a name of its own", t.Name, key, want, other)
+		}
+		names[want] = t.Name
+	}
+	return nil
+}
+
+// validate reports the first invalid field of one tunnel.
+func (t Tunnel) validate() error {
+	local, err := ParseLocal(t.Local)
+	if err != nil {
+		return err
+	}
+	if local.Scheme != "https" {
+		switch {
+		case t.UpstreamCAFile != "":
+			return fmt.Errorf("upstream-ca-file: the local service %s is not https://", local)
+		case t.UpstreamInsecure:
+			return fmt.Errorf("upstream-insecure: the local service %s is not https://", local)
+		}
+	}
+	switch t.UpstreamProtocol {
+	case "", ProtocolHTTP1, ProtocolHTTP2:
+	default:
+		return fmt.Errorf("upstream-protocol %q: want %s or %s", t.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
+	}
+	if t.Subdomain != "" {
+		if err := registry.ValidateSubdomain(t.Subdomain, nil); err != nil {
+			return fmt.Errorf("subdomain: %v", err)
+		}
+	}
+	if t.Hostname != "" {
+		if t.Subdomain != "" {
+			return errors.New("hostname: give --subdomain or --hostname, not both")
+		}
+		if !validHostname(t.Hostname) {
+			return fmt.Errorf("hostname %q: want a DNS name such as app.example.org", t.Hostname)
+		}
+	}
+	for flag, list := range map[string][]string{"allow-cidr": t.AllowCIDR, "deny-cidr": t.DenyCIDR} {
+		for _, p := range list {
+			if _, err := netip.ParsePrefix(p); err != nil {
+				return fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", flag, p)
+			}
+		}
+	}
+	if _, err := parseHeaderRules(t); err != nil {
+		return err
+	}
+	for _, pair := range t.BasicAuth {
+		user, pass, ok := strings.Cut(pair, ":")
+		switch {
+		case !ok || user == "":
+			return errors.New("basic-auth: want USER:PASSWORD")
+		case len(pass) < minBasicAuthPassword:
+			return fmt.Errorf("basic-auth: the password of %q is shorter than %d characters (the URL is public)", user, minBasicAuthPassword)
+		}
+	}
+	if t.HostHeader != "" && !validHostHeader(t.HostHeader) {
+		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", t.HostHeader)
 	}
 	return nil
 }

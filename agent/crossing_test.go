@@ -31,12 +31,12 @@ type pipeAgent struct {
 }
 
 func newPipeAgent(t testing.TB) *pipeAgent {
-	a, err := New(Config{Edge: "localhost:1", Local: "127.0.0.1:1", UpstreamTimeout: 5 * time.Second}, slog.New(slog.DiscardHandler))
+	a, err := New(Config{Edge: "localhost:1", Tunnel: Tunnel{Local: "127.0.0.1:1", UpstreamTimeout: 5 * time.Second}}, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
 	p := &pipeAgent{a: a, conns: make(chan net.Conn), done: make(chan struct{})}
-	tr := a.transport()
+	tr := a.tunnels[0].transport()
 	tr.DisableKeepAlives = true
 	tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
 		c, local := net.Pipe()

@@ -24,7 +24,7 @@ var framingFields = map[string]bool{
 }
 
 // parseHeaderRules reads and checks c's header rules.
-func parseHeaderRules(c Config) (*headerRules, error) {
+func parseHeaderRules(c Tunnel) (*headerRules, error) {
 	r := &headerRules{}
 	check := func(flag, name string) (string, error) {
 		k := http.CanonicalHeaderKey(strings.TrimSpace(name))

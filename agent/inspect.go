@@ -40,6 +40,10 @@ type Capture struct {
 	Duration time.Duration `json:"duration_ns"`
 	Method   string        `json:"method"`
 	Path     string        `json:"path"`
+	// Tunnel is the name of the tunnel the exchange came for
+	// ("command_line" for the command line's; empty for none of the
+	// agent's).
+	Tunnel string `json:"tunnel,omitempty"`
 	// Status is the final status sent back (0: none, the exchange broke);
 	// Code the agent's own error code when it answered itself.
 	Status int    `json:"status"`
@@ -66,12 +70,50 @@ type Message struct {
 	// not kept, or the body did not end.
 	Size      int64 `json:"size"`
 	Truncated bool  `json:"truncated,omitempty"`
+
+	head *head // what Head is written from, until it is
+}
+
+// filled returns m with its Head written.
+func (m Message) filled() Message {
+	if m.head != nil {
+		m.Head, m.head = m.head.String(), nil
+	}
+	return m
+}
+
+// head is a head as it crossed the agent, written in HTTP/1.1 form only
+// when the inspector is read (at a person's pace), not on the request
+// path. Its fields are copied when it is taken.
+type head struct {
+	line   string // the request's method and target, or the response's version and status
+	host   string // a request's
+	req    bool   // a request's head, which has a Host line
+	fields http.Header
+	once   sync.Once
+	s      string
+}
+
+func (h *head) String() string {
+	h.once.Do(func() {
+		var b strings.Builder
+		b.WriteString(h.line)
+		b.WriteString("\r\n")
+		if h.req {
+			b.WriteString("Host: " + h.host + "\r\n")
+		}
+		h.fields.Write(&b)
+		b.WriteString("\r\n")
+		h.s = b.String()
+		h.fields = nil
+	})
+	return h.s
 }
 
 // capBuf records a head and the first bytes of its body.
 type capBuf struct {
 	mu    sync.Mutex
-	head  string
+	head  *head
 	b     []byte
 	total int64
 	eof   bool // the body was read to its end
@@ -89,7 +131,7 @@ func (c *capBuf) record(p []byte, eof bool) {
 
 // reset starts the record over with head: a request sent again (the
 // transport's retry on a fresh connection) is the one that counts.
-func (c *capBuf) reset(head string, bodyless bool) {
+func (c *capBuf) reset(head *head, bodyless bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.head, c.b, c.total, c.eof = head, c.b[:0], 0, bodyless
@@ -98,10 +140,10 @@ func (c *capBuf) reset(head string, bodyless bool) {
 func (c *capBuf) message() Message {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.head == "" {
+	if c.head == nil {
 		return Message{}
 	}
-	return Message{Head: c.head, Body: bytes.Clone(c.b), Size: c.total, Truncated: !c.eof || c.total > int64(len(c.b))}
+	return Message{head: c.head, Body: bytes.Clone(c.b), Size: c.total, Truncated: !c.eof || c.total > int64(len(c.b))}
 }
 
 // teeBody records what is read of a body.
@@ -142,36 +184,29 @@ func (c *capture) response(resp *http.Response) {
 	}
 }
 
-// requestHead is req's head in HTTP/1.1 form.
-func requestHead(req *http.Request) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "%s %s HTTP/1.1\r\nHost: %s\r\n", req.Method, req.URL.RequestURI(), req.Host)
-	h := req.Header.Clone()
+// requestHead is req's head, to be written in HTTP/1.1 form.
+func requestHead(req *http.Request) *head {
+	h := &head{line: req.Method + " " + req.URL.RequestURI() + " HTTP/1.1", host: req.Host, req: true, fields: req.Header.Clone()}
 	switch {
 	case req.ContentLength > 0:
-		h.Set("Content-Length", strconv.FormatInt(req.ContentLength, 10))
+		h.fields.Set("Content-Length", strconv.FormatInt(req.ContentLength, 10))
 	case req.ContentLength < 0 && req.Body != nil && req.Body != http.NoBody:
-		h.Set("Transfer-Encoding", "chunked")
+		h.fields.Set("Transfer-Encoding", "chunked")
 	}
-	h.Write(&b)
-	b.WriteString("\r\n")
-	return b.String()
+	return h
 }
 
-// responseHead is resp's head in HTTP/1.1 form.
-func responseHead(resp *http.Response) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "HTTP/%d.%d %s\r\n", resp.ProtoMajor, resp.ProtoMinor, resp.Status)
-	h := resp.Header.Clone()
+// responseHead is resp's head, to be written in HTTP/1.1 form.
+func responseHead(resp *http.Response) *head {
+	h := &head{line: "HTTP/" + strconv.Itoa(resp.ProtoMajor) + "." + strconv.Itoa(resp.ProtoMinor) + " " + resp.Status,
+		fields: resp.Header.Clone()}
 	if resp.ContentLength >= 0 {
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+		h.fields.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
 	}
 	if len(resp.TransferEncoding) > 0 {
-		h.Set("Transfer-Encoding", strings.Join(resp.TransferEncoding, ", "))
+		h.fields.Set("Transfer-Encoding", strings.Join(resp.TransferEncoding, ", "))
 	}
-	h.Write(&b)
-	b.WriteString("\r\n")
-	return b.String()
+	return h
 }
 
 // Inspector keeps the agent's last exchanges.
@@ -180,34 +215,40 @@ type Inspector struct {
 
 	mu   sync.Mutex
 	next uint64
-	ring []Capture // oldest first
+	ring []Capture // up to inspectKeep; once full, the oldest at ring[oldest]
+	// oldest is where the next capture goes once the ring is full.
+	oldest int
 }
 
 func newInspector(a *Agent) *Inspector { return &Inspector{a: a} }
 
-// add keeps c, dropping the oldest beyond inspectKeep, and returns its id.
+// add keeps c, over the oldest beyond inspectKeep, and returns its id.
 func (in *Inspector) add(c Capture) uint64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	in.next++
 	c.ID = in.next
-	if len(in.ring) == inspectKeep {
-		in.ring = append(in.ring[:0], in.ring[1:]...)
+	if len(in.ring) < inspectKeep {
+		in.ring = append(in.ring, c)
+		return c.ID
 	}
-	in.ring = append(in.ring, c)
+	in.ring[in.oldest] = c
+	in.oldest = (in.oldest + 1) % inspectKeep
 	return c.ID
 }
 
 // List returns the kept exchanges, newest first.
 func (in *Inspector) List() []Capture { return in.list() }
 
-// list returns the kept exchanges, newest first.
+// list returns the kept exchanges, newest first, their heads written.
 func (in *Inspector) list() []Capture {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	out := make([]Capture, len(in.ring))
-	for i, c := range in.ring {
-		out[len(in.ring)-1-i] = c
+	n := len(in.ring)
+	out := make([]Capture, n)
+	for i := range n {
+		// The newest is just before the oldest.
+		out[i] = in.ring[(in.oldest-1-i+2*n)%n].filled()
 	}
 	return out
 }
@@ -217,18 +258,28 @@ func (in *Inspector) get(id uint64) (Capture, bool) {
 	defer in.mu.Unlock()
 	for _, c := range in.ring {
 		if c.ID == id {
-			return c, true
+			return c.filled(), true
 		}
 	}
 	return Capture{}, false
 }
 
-// record keeps the exchange x ran for r, the request from the edge.
-func (in *Inspector) record(x *exchange, r *http.Request) {
+// filled returns c with its heads written.
+func (c Capture) filled() Capture {
+	c.Request, c.Response = c.Request.filled(), c.Response.filled()
+	return c
+}
+
+// record keeps the exchange x ran for r, the request from the edge for
+// path.
+func (in *Inspector) record(x *exchange, r *http.Request, path string) {
 	c := Capture{
 		Start: x.start, Duration: time.Since(x.start),
-		Method: r.Method, Path: r.URL.RequestURI(), Status: int(x.status.Load()), Code: x.errCode(),
+		Method: r.Method, Path: path, Status: int(x.status.Load()), Code: x.errCode(),
 		Request: x.cap.req.message(), Response: x.cap.resp.message(),
+	}
+	if x.t != nil {
+		c.Tunnel = x.t.name
 	}
 	if resp := x.cap.localResp; resp != nil && mux.IsGRPC(r) {
 		c.GRPCStatus = resp.Trailer.Get("Grpc-Status")
@@ -236,10 +287,10 @@ func (in *Inspector) record(x *exchange, r *http.Request) {
 			c.GRPCStatus = resp.Header.Get("Grpc-Status") // a response of trailers only
 		}
 	}
-	if c.Request.Head == "" {
+	if c.Request.head == nil {
 		// Nothing went to the local service (the agent answered itself):
 		// show the head as it came, its body as not kept.
-		c.Request = Message{Head: requestHead(r), Truncated: r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0}
+		c.Request = Message{head: requestHead(r), Truncated: r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0}
 	}
 	in.add(c)
 }
@@ -338,7 +389,7 @@ type apiTunnelConfig struct {
 
 func (in *Inspector) tunnels() []apiTunnel {
 	out := []apiTunnel{}
-	for _, t := range in.a.Status().Tunnels() {
+	for _, t := range in.a.Status().Endpoints() {
 		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
 			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true}})
 	}
@@ -382,6 +433,9 @@ var (
 	errNotWhole = errors.New("the request body was not kept whole (over 64 KiB, or cut short): it cannot be replayed as it was; edit it to send another")
 	// errBadEdit refuses an edited request the agent cannot send.
 	errBadEdit = errors.New("the edited request")
+	// errNoTunnel refuses to replay an exchange that came for none of
+	// the agent's tunnels: there is no local service to send it to.
+	errNoTunnel = errors.New("the exchange came for none of this agent's tunnels")
 )
 
 func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
@@ -401,7 +455,7 @@ func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errNotWhole):
+	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel):
 		status = http.StatusConflict
 	case errors.Is(err, errBadEdit):
 		status = http.StatusBadRequest
@@ -465,13 +519,17 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	if err != nil {
 		return 0, fmt.Errorf("%w: not an HTTP request head: %v", errBadEdit, err)
 	}
+	t := in.a.tunnelNamed(c.Tunnel)
+	if t == nil {
+		return 0, errNoTunnel
+	}
 	start := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, in.a.cfg.UpstreamDialTimeout+in.a.cfg.UpstreamTimeout)
+	ctx, cancel := context.WithTimeout(ctx, t.cfg.UpstreamDialTimeout+t.cfg.UpstreamTimeout)
 	defer cancel()
-	req = replayRequest(req.WithContext(ctx), in.a.local, c.Request.Body)
+	req = replayRequest(req.WithContext(ctx), t.local, c.Request.Body)
 	var kept capture
 	kept.request(req)
-	resp, err := in.a.transport().RoundTrip(req)
+	resp, err := t.transport().RoundTrip(req)
 	if err != nil {
 		in.a.log.Warn("replay failed", "of", c.ID, "method", req.Method, "path", req.URL.RequestURI(), "err", err)
 		return 0, fmt.Errorf("send to the local service: %w", err)
@@ -481,7 +539,7 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	resp.Body.Close()
 	took := time.Since(start)
 	id := in.add(Capture{
-		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode,
+		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Tunnel: t.name, Status: resp.StatusCode,
 		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
 	})
 	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took, Replay: true})

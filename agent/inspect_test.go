@@ -150,6 +150,50 @@ func TestInspectorKeepsTheLast(t *testing.T) {
 	if _, ok := in.get(1); ok {
 		t.Fatal("the first exchange is still kept")
 	}
+	// Around the ring more than once: every one of the last inspectKeep,
+	// newest first, each found by its id.
+	for i := range 2*inspectKeep + 7 {
+		in.add(Capture{Path: "/w" + strconv.Itoa(i)})
+	}
+	l = in.list()
+	for i, c := range l {
+		if want := "/w" + strconv.Itoa(2*inspectKeep+6-i); c.Path != want {
+			t.Fatalf("list[%d] %q, want %q", i, c.Path, want)
+		}
+		if got, ok := in.get(c.ID); !ok || got.Path != c.Path {
+			t.Fatalf("get(%d): %q %v, want %q", c.ID, got.Path, ok, c.Path)
+		}
+	}
+}
+
+// TestInspectorHeadsAsTheyCrossed: a head is written when the inspector is
+// read, but as it was when it crossed: what changes the request or the
+// response afterwards (the response header rules, the reverse proxy's
+// removal of hop-by-hop fields) does not show.
+func TestInspectorHeadsAsTheyCrossed(t *testing.T) {
+	req := httptest.NewRequest("POST", "http://local/p?q=1", strings.NewReader("abc"))
+	req.Host = ""
+	req.Header = http.Header{"X-B": {"2"}, "X-A": {"1"}}
+	resp := &http.Response{ProtoMajor: 1, ProtoMinor: 1, Status: "201 Created", ContentLength: -1,
+		TransferEncoding: []string{"chunked"}, Header: http.Header{"Connection": {"keep-alive"}, "X-C": {"3"}}}
+	var c capture
+	c.request(req)
+	c.response(resp)
+	req.Header.Set("X-A", "changed")
+	resp.Header.Del("Connection")
+	resp.Header.Set("X-Rule", "added")
+	in := newInspector(nil)
+	in.add(Capture{Request: c.req.message(), Response: c.resp.message()})
+	got := in.list()[0]
+	if want := "POST /p?q=1 HTTP/1.1\r\nHost: \r\nContent-Length: 3\r\nX-A: 1\r\nX-B: 2\r\n\r\n"; got.Request.Head != want {
+		t.Errorf("request head %q, want %q", got.Request.Head, want)
+	}
+	if want := "HTTP/1.1 201 Created\r\nConnection: keep-alive\r\nTransfer-Encoding: chunked\r\nX-C: 3\r\n\r\n"; got.Response.Head != want {
+		t.Errorf("response head %q, want %q", got.Response.Head, want)
+	}
+	if again, _ := in.get(got.ID); again.Request.Head != got.Request.Head || again.Response.Head != got.Response.Head {
+		t.Errorf("written twice differently: %q, %q", again.Request.Head, again.Response.Head)
+	}
 }
 
 // inspectorAPI calls h as a browser on the inspector's own page would.

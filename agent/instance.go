@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/ngstone/ngstone/mux"
@@ -25,25 +26,23 @@ import (
 // errLocked: another running process holds the instance file.
 var errLocked = errors.New("instance file locked by a running agent")
 
-// KeepInstance returns the instance id kept in dir for cfg's edge,
-// subdomain and token, creating it on the first run, and a release
-// function. Until release is called, or the process ends, this process
-// holds the id: another that asks for it meanwhile gets a new id of its
-// own, which is not kept, so two running agents are never one instance.
-// kept reports an id from an earlier run. Without a subdomain there is no
-// name to take back, and it returns an error.
+// KeepInstance returns the instance id kept in dir for cfg's edge, token
+// and the names its tunnels ask for (the set of them, for several),
+// creating it on the first run, and a release function. Until release is
+// called, or the process ends, this process holds the id: another that
+// asks for it meanwhile gets a new id of its own, which is not kept, so two
+// running agents are never one instance. kept reports an id from an
+// earlier run. Without a name asked for there is nothing to take back, and
+// it returns an error.
 func KeepInstance(dir string, cfg Config) (id string, kept bool, release func(), err error) {
-	name := cfg.Subdomain
-	if cfg.Hostname != "" {
-		name = "hostname " + cfg.Hostname
-	}
-	if name == "" {
+	names := keptNames(cfg)
+	if names == "" {
 		return "", false, nil, errors.New("keep instance: no subdomain")
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return "", false, nil, err
 	}
-	sum := sha256.Sum256([]byte(cfg.Edge + "\x00" + name + "\x00" + cfg.Token))
+	sum := sha256.Sum256([]byte(cfg.Edge + "\x00" + names + "\x00" + cfg.Token))
 	f, err := os.OpenFile(filepath.Join(dir, hex.EncodeToString(sum[:12])), os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return "", false, nil, err
@@ -80,4 +79,21 @@ func rewrite(f *os.File, s string) error {
 		return err
 	}
 	return f.Sync()
+}
+
+// keptNames is the names cfg's tunnels ask for, sorted, as one key; a
+// random name is not one to take back. One tunnel's key is what it was
+// before agents had several, so an upgraded agent keeps its instance.
+func keptNames(cfg Config) string {
+	var names []string
+	for _, t := range cfg.tunnels() {
+		switch {
+		case t.Hostname != "":
+			names = append(names, "hostname "+t.Hostname)
+		case t.Subdomain != "":
+			names = append(names, t.Subdomain)
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, "\x00")
 }

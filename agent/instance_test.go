@@ -17,7 +17,7 @@ func TestKeepInstance(t *testing.T) {
 		t.Skip("no file locks here: every run is a new instance")
 	}
 	dir := t.TempDir()
-	cfg := Config{Edge: "edge.example:4443", Subdomain: "demo", Token: "secret"}
+	cfg := Config{Edge: "edge.example:4443", Tunnel: Tunnel{Subdomain: "demo"}, Token: "secret"}
 	first, kept, release, err := KeepInstance(dir, cfg)
 	if err != nil || kept || !mux.ValidInstanceID(first) {
 		t.Fatalf("first run: %q kept=%v %v", first, kept, err)
@@ -38,9 +38,9 @@ func TestKeepInstance(t *testing.T) {
 
 	// Another name, edge or token is another instance.
 	for _, c := range []Config{
-		{Edge: cfg.Edge, Subdomain: "other", Token: cfg.Token},
-		{Edge: "edge2.example:4443", Subdomain: cfg.Subdomain, Token: cfg.Token},
-		{Edge: cfg.Edge, Subdomain: cfg.Subdomain, Token: "another"},
+		{Edge: cfg.Edge, Tunnel: Tunnel{Subdomain: "other"}, Token: cfg.Token},
+		{Edge: "edge2.example:4443", Tunnel: Tunnel{Subdomain: cfg.Subdomain}, Token: cfg.Token},
+		{Edge: cfg.Edge, Tunnel: Tunnel{Subdomain: cfg.Subdomain}, Token: "another"},
 	} {
 		id, _, release, err := KeepInstance(dir, c)
 		if err != nil || id == first {

@@ -52,7 +52,7 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *r
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.loadUpstreamCA(); err != nil {
+	if err := a.tunnels[0].loadUpstreamCA(); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -68,7 +68,7 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *r
 	t.Cleanup(func() {
 		ln.Close()
 		a.wg.Wait()
-		a.transport().CloseIdleConnections()
+		a.tunnels[0].transport().CloseIdleConnections()
 	})
 	return r
 }
@@ -416,13 +416,13 @@ func wantVisitorError(t *testing.T, resp *http.Response, body string, code strin
 
 func TestRelayTimeoutAndAbandon(t *testing.T) {
 	addr, closed := silentServer(t)
-	a := relayAgentWith(t, addr, Config{UpstreamTimeout: 50 * time.Millisecond}, slog.New(slog.DiscardHandler))
+	a := relayAgentWith(t, addr, Config{Tunnel: Tunnel{UpstreamTimeout: 50 * time.Millisecond}}, slog.New(slog.DiscardHandler))
 	resp, body := do(t, a, "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamTimeout)
 
 	// The edge gives an exchange up (its visitor left): the local
 	// request is cut short.
-	a = relayAgentWith(t, addr, Config{UpstreamTimeout: time.Minute}, slog.New(slog.DiscardHandler))
+	a = relayAgentWith(t, addr, Config{Tunnel: Tunnel{UpstreamTimeout: time.Minute}}, slog.New(slog.DiscardHandler))
 	for _, body := range []string{"", "body"} {
 		before := closed.Load()
 		req, _ := http.NewRequest("POST", "http://app.ngstone.test/", strings.NewReader(body))
@@ -511,8 +511,8 @@ func TestRelayHTTPSLocal(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, cfg := range map[string]Config{
-		"upstream CA file":  {UpstreamCAFile: caFile},
-		"upstream insecure": {UpstreamInsecure: true},
+		"upstream CA file":  {Tunnel: Tunnel{UpstreamCAFile: caFile}},
+		"upstream insecure": {Tunnel: Tunnel{UpstreamInsecure: true}},
 	} {
 		resp, body := do(t, relayAgentWith(t, s.URL, cfg, slog.New(slog.DiscardHandler)), "GET", "")
 		if resp.StatusCode != 200 || body != "secure" {
@@ -540,9 +540,9 @@ func TestLocalFailureWarnings(t *testing.T) {
 	if want := "is the local service running?"; !strings.Contains(logs.String(), want) {
 		t.Errorf("log %q lacks %q", logs.String(), want)
 	}
-	a.failures.mu.Lock()
-	a.failures.last = a.failures.last.Add(-localWarnEvery)
-	a.failures.mu.Unlock()
+	a.tunnels[0].failures.mu.Lock()
+	a.tunnels[0].failures.last = a.tunnels[0].failures.last.Add(-localWarnEvery)
+	a.tunnels[0].failures.mu.Unlock()
 	logs.Reset()
 	do(t, a, "GET", "")
 	if want := "failures_not_logged=2"; !strings.Contains(logs.String(), want) {
@@ -647,7 +647,7 @@ func TestHostHeader(t *testing.T) {
 		{"rewrite", local},
 		{"dev.internal:5173", "dev.internal:5173"},
 	} {
-		a := relayAgentWith(t, s.URL, Config{HostHeader: tc.option}, slog.New(slog.DiscardHandler))
+		a := relayAgentWith(t, s.URL, Config{Tunnel: Tunnel{HostHeader: tc.option}}, slog.New(slog.DiscardHandler))
 		req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
 		req.Header.Set("X-Forwarded-Host", "app.ngstone.test")
 		resp, got, err := relayOnce(t, a, req)
@@ -659,12 +659,50 @@ func TestHostHeader(t *testing.T) {
 		}
 	}
 	dead := deadAddr(t)
-	a := relayAgentWith(t, dead, Config{HostHeader: "rewrite"}, slog.New(slog.DiscardHandler))
+	a := relayAgentWith(t, dead, Config{Tunnel: Tunnel{HostHeader: "rewrite"}}, slog.New(slog.DiscardHandler))
 	req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
 	req.Header.Set("X-Forwarded-Host", "app.ngstone.test")
 	resp, got, _ := relayOnce(t, a, req)
 	wantVisitorError(t, resp, got, mux.CodeUpstreamUnreachable)
 	if !strings.Contains(got, "app.ngstone.test") {
 		t.Errorf("error page %q does not name the visitor's host", got)
+	}
+}
+
+// TestOneExchangePerStream: a stream that carries a second request after
+// the first (an edge that breaks the rule, or bytes an attacker got onto
+// a stream) gets one answer, then the stream's end: the second request
+// never reaches the local service, whose view of it would be another
+// exchange's (its trace, its status, its inspector record).
+func TestOneExchangePerStream(t *testing.T) {
+	var paths []string
+	var mu sync.Mutex
+	s, _ := countingServer(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		mu.Unlock()
+		io.WriteString(w, "ok "+r.URL.Path)
+	})
+	a := relayAgent(t, s.URL)
+	x := open(t, a)
+	go io.WriteString(x.c, "GET /first HTTP/1.1\r\nHost: app.ngstone.test\r\n\r\n"+
+		"GET /second HTTP/1.1\r\nHost: app.ngstone.test\r\n\r\n")
+	x.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(x.br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "ok /first" || !resp.Close {
+		t.Fatalf("first: %d %q close=%v, want 200 \"ok /first\" and the stream's end announced", resp.StatusCode, b, resp.Close)
+	}
+	if rest, err := io.ReadAll(x.br); err != nil || len(rest) != 0 {
+		t.Fatalf("after the first exchange the stream carried %q (%v), want its end", rest, err)
+	}
+	waitDone(t, x)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(paths) != 1 {
+		t.Fatalf("the local service saw %q, want /first alone", paths)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net"
-	"net/http"
 	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
@@ -40,7 +39,7 @@ var errStrayBytes = errors.New("agent: the local service sent bytes nobody asked
 // read from its socket.
 type watchedConn struct {
 	net.Conn
-	a *Agent
+	t *tunnel
 
 	mu       sync.Mutex
 	read     int64
@@ -50,7 +49,7 @@ type watchedConn struct {
 // poison makes every later read and write of c fail, and closes it.
 func (c *watchedConn) poison() {
 	if c.poisoned.CompareAndSwap(false, true) {
-		c.a.strayBytes()
+		c.t.strayBytes()
 		c.Conn.Close()
 	}
 }
@@ -94,13 +93,13 @@ type watched interface {
 }
 
 // dialWatched dials the local service with d.
-func (a *Agent) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func (t *tunnel) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return newWatchedConn(a, c), nil
+		return newWatchedConn(t, c), nil
 	}
 }
 
@@ -114,42 +113,52 @@ func watchedOf(c net.Conn) watched {
 	return wc
 }
 
-// cleanCheck applies the two checks to one request: it returns req with
-// the trace that makes them, and a function that reports whether the
-// response must be refused.
-func cleanCheck(req *http.Request) (*http.Request, func() bool) {
-	var mu sync.Mutex
-	var wc watched
-	var mark int64
-	tainted := false
-	trace := &httptrace.ClientTrace{
-		GotConn: func(info httptrace.GotConnInfo) {
-			c := watchedOf(info.Conn)
-			if c == nil {
-				return
-			}
-			m, clean := c.idle()
-			mu.Lock()
-			wc, mark = c, m
-			mu.Unlock()
-			if info.Reused && !clean {
-				c.poison()
-			}
-		},
-		GotFirstResponseByte: func() {
-			mu.Lock()
-			defer mu.Unlock()
-			if wc != nil && (wc.isPoisoned() || wc.readSoFar() == mark) {
-				tainted = true
-				wc.poison()
-			}
-		},
+// cleanCheck makes the two checks for one request: its exchange's trace
+// calls gotConn and gotFirstByte, and roundTrip asks refused once the
+// transport returned. It is reset before each try of the request.
+type cleanCheck struct {
+	mu      sync.Mutex
+	wc      watched
+	mark    int64
+	tainted bool
+}
+
+func (k *cleanCheck) reset() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.wc, k.mark, k.tainted = nil, 0, false
+}
+
+// gotConn poisons a reused connection with bytes waiting.
+func (k *cleanCheck) gotConn(info httptrace.GotConnInfo) {
+	c := watchedOf(info.Conn)
+	if c == nil {
+		return
 	}
-	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace)), func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return tainted
+	m, clean := c.idle()
+	k.mu.Lock()
+	k.wc, k.mark = c, m
+	k.mu.Unlock()
+	if info.Reused && !clean {
+		c.poison()
 	}
+}
+
+// gotFirstByte refuses a response nothing was read for since the request.
+func (k *cleanCheck) gotFirstByte() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.wc != nil && (k.wc.isPoisoned() || k.wc.readSoFar() == k.mark) {
+		k.tainted = true
+		k.wc.poison()
+	}
+}
+
+// refused reports whether the response must be refused.
+func (k *cleanCheck) refused() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.tainted
 }
 
 func (c *watchedConn) readSoFar() int64 {

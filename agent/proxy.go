@@ -32,12 +32,11 @@ import (
 // local service's timeout runs from the end of the request body, as
 // http.Transport's ResponseHeaderTimeout does.
 
-// streamIdle bounds how long a stream whose exchange is over may stay open:
-// the edge closes each stream once it has read the response.
-const streamIdle = 10 * time.Second
-
 // exchange is one request relayed by the agent, for its log line and the
-// inspector.
+// inspector, and the checks of its request to the local service. A stream
+// carries one exchange, so each stream's exchange is made with it, and its
+// trace is in the stream's context: a request costs no context or request
+// copy of the agent's own.
 type exchange struct {
 	start  time.Time
 	status atomic.Int64 // the final status sent to the edge; 0: none yet
@@ -45,13 +44,52 @@ type exchange struct {
 	n1xx   atomic.Int32 // informational responses passed on
 	cut    bool         // the response was broken off
 	cap    *capture     // what the inspector keeps; nil without one
+	t      *tunnel      // the tunnel it came for; nil: none of the agent's
+	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
+	trace  httptrace.ClientTrace
 }
 
-type exchangeKey struct{}
+// withExchange returns ctx with x and the trace of x's request to the local
+// service: it counts what the local service sends before its final
+// response (the proxy passes each on to the edge), and over HTTP/1.1 makes
+// the clean checks (cleanCheck).
+func (a *Agent) withExchange(ctx context.Context, x *exchange) context.Context {
+	x.trace.Got1xxResponse = x.got1xx
+	x.trace.GotConn, x.trace.GotFirstResponseByte = x.gotConn, x.gotFirstByte
+	return httptrace.WithClientTrace(ctx, &x.trace)
+}
+
+// http1 reports whether x's tunnel speaks HTTP/1.1 to its local service,
+// where the clean checks apply: every HTTP/2 stream is its own, and no
+// bytes can be left behind. The hooks run after serveExchange routed x.
+func (x *exchange) http1() bool {
+	return x.t != nil && x.t.cfg.UpstreamProtocol != ProtocolHTTP2
+}
+
+func (x *exchange) gotConn(info httptrace.GotConnInfo) {
+	if x.http1() {
+		x.check.gotConn(info)
+	}
+}
+
+func (x *exchange) gotFirstByte() {
+	if x.http1() {
+		x.check.gotFirstByte()
+	}
+}
+
+func (x *exchange) got1xx(int, textproto.MIMEHeader) error {
+	if x.n1xx.Add(1) >= mux.Max1xx {
+		return errTooMany1xx
+	}
+	return nil
+}
 
 func exchangeOf(ctx context.Context) *exchange {
-	x, _ := ctx.Value(exchangeKey{}).(*exchange)
-	return x
+	if sc, _ := ctx.Value(streamKey{}).(*streamConn); sc != nil {
+		return &sc.x
+	}
+	return nil
 }
 
 func (x *exchange) errCode() string {
@@ -62,11 +100,17 @@ func (x *exchange) errCode() string {
 // newStreamServer returns the server of one session's streams. Each stream
 // holds up the session's drain (held) from its accept until its exchange
 // is over, or its connection is upgraded.
-func (a *Agent) newStreamServer(held *mux.Tracker) *http.Server {
-	return &http.Server{
+//
+// A stream carries one exchange, so the server keeps no stream alive: it
+// closes each once its response is written, instead of reading the stream
+// again for a next request that never comes and waiting for the edge's
+// close to end that read (a wake-up, two deadlines and a state change per
+// exchange). Its responses say Connection: close, which the edge's reverse
+// proxy drops.
+func (a *Agent) newStreamServer() *http.Server {
+	srv := &http.Server{
 		Handler:                      http.HandlerFunc(a.serveExchange),
 		ReadHeaderTimeout:            a.cfg.DialTimeout,
-		IdleTimeout:                  streamIdle,
 		MaxHeaderBytes:               mux.MaxRequestHead,
 		DisableGeneralOptionsHandler: true, // OPTIONS * is the local service's to answer
 		ErrorLog:                     slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
@@ -76,9 +120,15 @@ func (a *Agent) newStreamServer(held *mux.Tracker) *http.Server {
 			}
 		},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			return context.WithValue(ctx, streamKey{}, c)
+			sc, _ := c.(*streamConn)
+			if sc == nil {
+				return ctx
+			}
+			return a.withExchange(context.WithValue(ctx, streamKey{}, sc), &sc.x)
 		},
 	}
+	srv.SetKeepAlivesEnabled(false)
+	return srv
 }
 
 type streamKey struct{}
@@ -87,7 +137,7 @@ type streamKey struct{}
 // those that hold up a drain. Every stream's goroutines are counted in the
 // agent's WaitGroup until they end.
 func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
-	srv := a.newStreamServer(held)
+	srv := a.newStreamServer()
 	srv.Serve(&streamListener{Listener: ln, a: a, held: held})
 	srv.Close()
 }
@@ -98,6 +148,8 @@ type streamListener struct {
 	net.Listener
 	a    *Agent
 	held *mux.Tracker
+
+	local, remote net.Addr // the session's, formatted once (Accept's goroutine)
 }
 
 func (l *streamListener) Accept() (net.Conn, error) {
@@ -107,22 +159,79 @@ func (l *streamListener) Accept() (net.Conn, error) {
 	}
 	l.a.wg.Add(1) // while serveStreams holds one: never from zero
 	l.held.Add()
-	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true}, nil
+	if l.remote == nil {
+		l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr())
+	}
+	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}, nil
 }
+
+// fixedAddr is an address formatted once: every stream of a session has
+// its session's addresses, which the server would format for each stream.
+type fixedAddr struct{ network, s string }
+
+func fixAddr(a net.Addr) net.Addr {
+	if a == nil {
+		return nil
+	}
+	return &fixedAddr{a.Network(), a.String()}
+}
+
+func (a *fixedAddr) Network() string { return a.network }
+func (a *fixedAddr) String() string  { return a.s }
 
 func (l *streamListener) Close() error { return nil }
 
 // streamConn is one stream as the server sees it.
 type streamConn struct {
 	net.Conn
-	a       *Agent
-	held    *mux.Tracker
-	written atomic.Int64 // bytes written to the edge
+	a             *Agent
+	held          *mux.Tracker
+	local, remote net.Addr
+	x             exchange     // the stream's one exchange
+	written       atomic.Int64 // bytes written to the edge
 
 	mu      sync.Mutex
 	holding bool // counted in held
 	ended   bool // its WaitGroup count is given back
+
+	dmu             sync.Mutex
+	readDL, writeDL time.Time // the deadlines last set; a new stream has none
 }
+
+// SetReadDeadline passes t on unless it is the deadline already set: the
+// server sets the same one again (none, after the request head and at the
+// start of its background read) and a stream's deadline costs it an
+// allocation each time.
+func (c *streamConn) SetReadDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.readDL.Equal(t) {
+		return nil
+	}
+	c.readDL = t
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetWriteDeadline passes t on unless it is the deadline already set (the
+// server clears the write deadline after every response).
+func (c *streamConn) SetWriteDeadline(t time.Time) error {
+	c.dmu.Lock()
+	defer c.dmu.Unlock()
+	if c.writeDL.Equal(t) {
+		return nil
+	}
+	c.writeDL = t
+	return c.Conn.SetWriteDeadline(t)
+}
+
+// SetDeadline sets both deadlines through the two above.
+func (c *streamConn) SetDeadline(t time.Time) error {
+	c.SetReadDeadline(t)
+	return c.SetWriteDeadline(t)
+}
+
+func (c *streamConn) LocalAddr() net.Addr  { return c.local }
+func (c *streamConn) RemoteAddr() net.Addr { return c.remote }
 
 func (c *streamConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
@@ -156,22 +265,19 @@ func (c *streamConn) state(st http.ConnState) {
 func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
-	x := &exchange{start: time.Now()}
+	sc := r.Context().Value(streamKey{}).(*streamConn)
+	x := &sc.x
+	x.start, x.t = time.Now(), a.route(r.Host)
 	a.stats.opened(x.start)
 	if a.inspect != nil {
 		x.cap = &capture{}
 	}
-	r = r.WithContext(context.WithValue(r.Context(), exchangeKey{}, x))
-	sc, _ := r.Context().Value(streamKey{}).(*streamConn)
-	var sent int64
-	if sc != nil {
-		sent = sc.written.Load()
-	}
+	sent := sc.written.Load()
 	defer func() {
 		if p := recover(); p != nil {
 			// The proxy broke the response off (the local service cut it
 			// short). If none of it had left, the edge answers for it.
-			if p == http.ErrAbortHandler && (sc == nil || sc.written.Load() == sent) {
+			if p == http.ErrAbortHandler && sc.written.Load() == sent {
 				x.status.Store(http.StatusBadGateway)
 				x.code.Store(mux.CodeBadResponse)
 			}
@@ -186,22 +292,29 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	// body once the response has started.
 	http.NewResponseController(w).EnableFullDuplex()
 	rw := &exchangeWriter{ResponseWriter: w, x: x}
-	if a.auth != nil && !a.auth.allows(r) {
+	t := x.t
+	switch {
+	case t == nil:
+		// A hostname this agent does not serve (any more): the edge
+		// routes a stream only for a name the session holds.
+		a.answer(rw, r, mux.CodeTunnelNotFound)
+	case t.auth != nil && !t.auth.allows(r):
 		a.answer(rw, r, mux.CodeBasicAuthRequired)
-		return
+	default:
+		t.proxy.ServeHTTP(rw, r)
 	}
-	a.proxy.ServeHTTP(rw, r)
 }
 
 // ended counts, logs and keeps the exchange once it is over.
 func (a *Agent) ended(x *exchange, r *http.Request) {
-	a.stats.closed(Request{Start: x.start, Method: r.Method, Path: r.URL.RequestURI(),
+	path := r.URL.RequestURI() // once for all three
+	a.stats.closed(Request{Start: x.start, Method: r.Method, Path: path,
 		Status: int(x.status.Load()), Code: x.errCode(), Duration: time.Since(x.start)})
 	if a.cfg.LogRequests {
-		a.logRequest(x, r)
+		a.logRequest(x, r, path)
 	}
 	if a.inspect != nil {
-		a.inspect.record(x, r)
+		a.inspect.record(x, r, path)
 	}
 }
 
@@ -245,15 +358,15 @@ func (w *exchangeWriter) Write(p []byte) (int, error) {
 // Hijack for upgrades).
 func (w *exchangeWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// newProxy returns the reverse proxy to the local service.
-func (a *Agent) newProxy() *httputil.ReverseProxy {
+// newProxy returns the reverse proxy to the tunnel's local service.
+func (t *tunnel) newProxy() *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
-		Rewrite:        a.rewrite,
-		ModifyResponse: a.modifyResponse,
-		Transport:      upstreamTransport{a},
+		Rewrite:        t.rewrite,
+		ModifyResponse: t.modifyResponse,
+		Transport:      upstreamTransport{t},
 		BufferPool:     mux.BufferPool{},
-		ErrorHandler:   a.proxyError,
-		ErrorLog:       slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
+		ErrorHandler:   t.proxyError,
+		ErrorLog:       slog.NewLogLogger(t.log.Handler(), slog.LevelDebug),
 	}
 }
 
@@ -264,12 +377,12 @@ var forwardedFields = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forward
 
 // rewrite addresses the request to the local service, with the Host
 // --host-header asks for and the edge's X-Forwarded-* fields.
-func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
-	pr.Out.URL.Scheme = a.local.Scheme
-	pr.Out.URL.Host = a.local.Host
+func (t *tunnel) rewrite(pr *httputil.ProxyRequest) {
+	pr.Out.URL.Scheme = t.local.Scheme
+	pr.Out.URL.Host = t.local.Host
 	pr.Out.Host = pr.In.Host
-	if a.hostHeader != "" {
-		pr.Out.Host = a.hostHeader
+	if t.hostHeader != "" {
+		pr.Out.Host = t.hostHeader
 	}
 	for _, k := range forwardedFields {
 		if v := pr.In.Header[k]; len(v) > 0 {
@@ -277,25 +390,13 @@ func (a *Agent) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	mux.PassTrailers(pr.Out, pr.In)
-	a.headers.request(pr.Out.Header)
+	t.headers.request(pr.Out.Header)
 	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
 		// The transport sends a request again on a new connection when
 		// nothing of it was written (a pooled connection found closed, or
 		// poisoned: watchedConn), if it can have the body again; unread,
 		// the body is the same.
 		pr.Out.GetBody = func() (io.ReadCloser, error) { return nil, errBodyGone }
-	}
-	if x := exchangeOf(pr.In.Context()); x != nil {
-		// Count what the local service sends before its final response;
-		// the proxy passes each on to the edge.
-		pr.Out = pr.Out.WithContext(httptrace.WithClientTrace(pr.Out.Context(), &httptrace.ClientTrace{
-			Got1xxResponse: func(int, textproto.MIMEHeader) error {
-				if x.n1xx.Add(1) >= mux.Max1xx {
-					return errTooMany1xx
-				}
-				return nil
-			},
-		}))
 	}
 }
 
@@ -309,17 +410,17 @@ var errBadStatus = errors.New("agent: the local service's status code is not one
 
 // modifyResponse refuses a status net/http reads (any three digits) but no
 // response can carry on, and applies the response header rules.
-func (a *Agent) modifyResponse(resp *http.Response) error {
+func (t *tunnel) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
 	}
-	a.headers.response(resp.Header)
+	t.headers.response(resp.Header)
 	return nil
 }
 
 // proxyError answers a request the local service did not: with the code
 // that says why, and a warning (rate-limited) with the likely fix.
-func (a *Agent) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if r.Context().Err() != nil {
 		// The edge gave the exchange up (the visitor left, a timeout):
 		// nobody reads this answer.
@@ -327,8 +428,8 @@ func (a *Agent) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	code := upstreamCode(err)
-	a.localFailed(code, err)
-	a.answer(w, r, code)
+	t.localFailed(code, err)
+	t.a.answer(w, r, code)
 }
 
 // upstreamCode maps a failed request to the local service to a visitor
@@ -364,8 +465,8 @@ func closedByPeer(err error) bool {
 }
 
 // upstreamTransport sends the proxy's requests to the local service through
-// the agent's current transport, recording them for the inspector.
-type upstreamTransport struct{ a *Agent }
+// the tunnel's current transport, recording them for the inspector.
+type upstreamTransport struct{ t *tunnel }
 
 func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	x := exchangeOf(req.Context())
@@ -384,15 +485,16 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 }
 
 // roundTrip sends req once, refusing a response that was there before the
-// request: bytes another exchange's response left behind (cleanCheck).
+// request: bytes another exchange's response left behind (cleanCheck, in
+// the trace of req's exchange).
 func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) {
-	if t.a.cfg.UpstreamProtocol == ProtocolHTTP2 {
-		// Every HTTP/2 stream is its own: no bytes can be left behind.
-		return t.a.transport().RoundTrip(req)
+	x := exchangeOf(req.Context())
+	if x == nil || !x.http1() {
+		return t.t.transport().RoundTrip(req)
 	}
-	checked, tainted := cleanCheck(req)
-	resp, err := t.a.transport().RoundTrip(checked)
-	if err == nil && tainted() {
+	x.check.reset()
+	resp, err := t.t.transport().RoundTrip(req)
+	if err == nil && x.check.refused() {
 		resp.Body.Close()
 		return nil, errStrayBytes
 	}
@@ -400,22 +502,29 @@ func (t upstreamTransport) roundTrip(req *http.Request) (*http.Response, error) 
 }
 
 // transport is the current transport to the local service.
-func (a *Agent) transport() *http.Transport { return a.upstream.Load() }
+func (t *tunnel) transport() *http.Transport { return t.upstream.Load() }
 
 // useResponseHeadLimit holds local services to limit, the edge's bound on a
 // response head (mux.MaxResponseHead at most): the agent never passes on
-// what the edge would refuse. A new limit takes a new transport; the old
-// one's idle connections are closed.
+// what the edge would refuse.
 func (a *Agent) useResponseHeadLimit(limit int64) {
+	for _, t := range a.tunnels {
+		t.useResponseHeadLimit(limit)
+	}
+}
+
+// useResponseHeadLimit gives the tunnel a transport for limit, if its own
+// has another; the old one's idle connections are closed.
+func (t *tunnel) useResponseHeadLimit(limit int64) {
 	if limit <= 0 || limit > mux.MaxResponseHead {
 		limit = mux.MaxResponseHead
 	}
-	a.upstreamMu.Lock()
-	defer a.upstreamMu.Unlock()
-	if old := a.upstream.Load(); old != nil && old.MaxResponseHeaderBytes == limit {
+	t.upstreamMu.Lock()
+	defer t.upstreamMu.Unlock()
+	if old := t.upstream.Load(); old != nil && old.MaxResponseHeaderBytes == limit {
 		return
 	}
-	old := a.upstream.Swap(a.newTransport(limit))
+	old := t.upstream.Swap(t.newTransport(limit))
 	if old != nil {
 		old.CloseIdleConnections()
 	}
@@ -425,24 +534,24 @@ func (a *Agent) useResponseHeadLimit(limit int64) {
 // http://, TLS (HTTP/1.1) for https://, the local certificate verified
 // against the system's roots, the roots of --upstream-ca-file once Run has
 // read it (loadUpstreamCA), or not at all with --upstream-insecure.
-func (a *Agent) newTransport(maxHead int64) *http.Transport {
-	dialer := &net.Dialer{Timeout: a.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
+func (t *tunnel) newTransport(maxHead int64) *http.Transport {
+	dialer := &net.Dialer{Timeout: t.cfg.UpstreamDialTimeout, KeepAlive: 30 * time.Second}
 	tr := &http.Transport{
-		DialContext:            a.dialWatched(dialer),
-		TLSClientConfig:        a.upstreamTLS,
-		TLSHandshakeTimeout:    a.cfg.UpstreamDialTimeout,
+		DialContext:            t.dialWatched(dialer),
+		TLSClientConfig:        t.upstreamTLS,
+		TLSHandshakeTimeout:    t.cfg.UpstreamDialTimeout,
 		MaxIdleConns:           maxIdleLocal,
 		MaxIdleConnsPerHost:    maxIdleLocal,
 		IdleConnTimeout:        90 * time.Second,
-		ResponseHeaderTimeout:  a.cfg.UpstreamTimeout,
+		ResponseHeaderTimeout:  t.cfg.UpstreamTimeout,
 		MaxResponseHeaderBytes: maxHead,
 		DisableCompression:     true, // the visitor's Accept-Encoding goes as it came
 	}
 	tr.Protocols = new(http.Protocols)
-	if a.cfg.UpstreamProtocol == ProtocolHTTP2 {
+	if t.cfg.UpstreamProtocol == ProtocolHTTP2 {
 		// HTTP/2 only: prior knowledge without TLS (h2c), ALPN with it.
-		tr.Protocols.SetUnencryptedHTTP2(a.local.Scheme == "http")
-		tr.Protocols.SetHTTP2(a.local.Scheme == "https")
+		tr.Protocols.SetUnencryptedHTTP2(t.local.Scheme == "http")
+		tr.Protocols.SetHTTP2(t.local.Scheme == "https")
 		return tr
 	}
 	tr.Protocols.SetHTTP1(true)
@@ -454,9 +563,12 @@ const maxIdleLocal = 256
 
 // logRequest logs the exchange x: method, path, status, the agent's own
 // code when it answered, and the duration.
-func (a *Agent) logRequest(x *exchange, r *http.Request) {
+func (a *Agent) logRequest(x *exchange, r *http.Request, path string) {
 	status := x.status.Load()
-	args := []any{"method", r.Method, "path", r.URL.RequestURI(), "status", status}
+	args := []any{"method", r.Method, "path", path, "status", status}
+	if x.t != nil && len(a.tunnels) > 1 {
+		args = append(args, "tunnel", x.t.name)
+	}
 	switch code := x.errCode(); {
 	case code != "":
 		args = append(args, "code", code)

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -26,11 +27,13 @@ var (
 // conn is one live session: the yamux session, its control stream and the
 // exchanges on the edge's streams.
 type conn struct {
-	a        *Agent
-	ys       *yamux.Session
-	ctrl     net.Conn
-	id       uint64
-	hostname string
+	a    *Agent
+	ys   *yamux.Session
+	ctrl net.Conn
+	id   uint64
+
+	mu   sync.Mutex
+	held map[string]*tunnel // the hostnames bound on this session
 
 	writeMu sync.Mutex
 	lastAck atomic.Int64 // unix nanoseconds of the last heartbeat answer
@@ -40,9 +43,8 @@ type conn struct {
 
 	events     chan error    // first session-ending event from the reader
 	readerDone chan struct{} // closed when readControl returns
-	unbound    chan struct{} // closed when the edge confirms the unbind
-	once       sync.Once
-	streams    mux.Tracker // exchanges in flight, for the drain
+	unbound    chan string   // the hostnames the edge confirms unbound
+	streams    mux.Tracker   // exchanges in flight, for the drain
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it
@@ -87,7 +89,8 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
-	c := &conn{a: a, ys: ys, events: make(chan error, 1), unbound: make(chan struct{}), readerDone: make(chan struct{})}
+	c := &conn{a: a, ys: ys, held: map[string]*tunnel{}, events: make(chan error, 1),
+		unbound: make(chan string, maxTunnels), readerDone: make(chan struct{})}
 	if err := c.handshake(deadline, takeover); err != nil {
 		ys.Close()
 		return nil, err
@@ -216,17 +219,53 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	default:
 		return fmt.Errorf("hello: unexpected %s", msg.MessageType())
 	}
-	return c.bind(takeover)
+	return c.bindAll(takeover)
 }
 
-func (c *conn) bind(takeover bool) error {
+// bindAll binds every tunnel whose name is not gone for good, with
+// takeover after a reconnect. A tunnel refused (or whose name another
+// agent took) is left out from then on and the others are bound; the
+// session fails only when a bind fails in a way worth retrying, or when no
+// tunnel is left.
+func (c *conn) bindAll(takeover bool) error {
+	a := c.a
+	bound := 0
+	for _, t := range a.tunnels {
+		a.mu.Lock()
+		gone := t.final()
+		a.mu.Unlock()
+		if gone {
+			continue
+		}
+		err := c.bind(t, takeover)
+		var re *RefusedError
+		switch {
+		case err == nil:
+			bound++
+		case errors.Is(err, ErrEvicted) || errors.As(err, &re):
+			a.lose(t, err)
+		default:
+			return t.wrap(err)
+		}
+	}
+	if bound == 0 {
+		return a.noneLeft()
+	}
+	a.setStatus(func(s *Status) {
+		s.State, s.SessionID, s.Attempt, s.NextRetry, s.Err, s.Hint = StateOnline, c.id, 0, time.Time{}, nil, ""
+	})
+	return nil
+}
+
+// bind binds t's name on the session.
+func (c *conn) bind(t *tunnel, takeover bool) error {
 	a := c.a
 	a.mu.Lock()
-	name := a.subdomain
+	name, held := t.ask, t.st.Hostname != ""
 	a.mu.Unlock()
-	bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: a.cfg.AllowCIDR, DenyCIDR: a.cfg.DenyCIDR}
-	if a.cfg.Hostname != "" {
-		bind.Subdomain, bind.Hostname = "", a.cfg.Hostname
+	bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
+	if t.cfg.Hostname != "" {
+		bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
 	}
 	if err := mux.Write(c.ctrl, bind); err != nil {
 		return fmt.Errorf("bind: %w", err)
@@ -237,23 +276,23 @@ func (c *conn) bind(takeover bool) error {
 	}
 	switch m := msg.(type) {
 	case *mux.BindOK:
-		c.hostname = m.Hostname
-		if a.cfg.Hostname == "" {
-			a.mu.Lock()
-			a.subdomain = label(m.Hostname) // a random name is kept for the rebinds
-			a.mu.Unlock()
+		c.mu.Lock()
+		c.held[m.Hostname] = t
+		c.mu.Unlock()
+		a.mu.Lock()
+		a.hosts[m.Hostname] = t
+		if t.cfg.Hostname == "" {
+			t.ask = label(m.Hostname) // a random name is kept for the rebinds
 		}
-		a.setStatus(func(s *Status) {
-			s.State, s.Hostname, s.URL, s.URLs = StateOnline, m.Hostname, m.URL, m.URLs
-			s.Generation, s.SessionID, s.Attempt, s.NextRetry, s.Err, s.Hint = m.Generation, c.id, 0, time.Time{}, nil, ""
-		})
-		a.log.Debug("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
+		t.st.State, t.st.Hostname, t.st.URL, t.st.URLs, t.st.Generation, t.st.Err = TunnelOnline, m.Hostname, m.URL, m.URLs, m.Generation, nil
+		a.mu.Unlock()
+		t.log.Debug("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
 		return nil
 	case *mux.BindError:
 		if mux.Retryable(m.Code) {
 			return fmt.Errorf("bind: %s", m.Message)
 		}
-		if m.Code == mux.CodeSubdomainTaken && a.held() {
+		if m.Code == mux.CodeSubdomainTaken && held {
 			// The name this agent held is another instance's now: taken
 			// over while this one was away, after the edge had closed its
 			// silent session (so no evicted reached it).
@@ -264,16 +303,67 @@ func (c *conn) bind(takeover bool) error {
 	return fmt.Errorf("bind: unexpected %s", msg.MessageType())
 }
 
+// lose marks t's name as gone for good, for err (refused, or evicted).
+func (a *Agent) lose(t *tunnel, err error) {
+	a.mu.Lock()
+	var ee *evictedError
+	if errors.As(err, &ee) {
+		t.st.State, t.st.EvictedReason, t.st.URL, t.st.URLs = TunnelEvicted, ee.reason, "", nil
+	} else {
+		t.st.State = TunnelRefused
+	}
+	t.st.Err = err
+	// Its hostname routes nothing here any more.
+	maps.DeleteFunc(a.hosts, func(_ string, o *tunnel) bool { return o == t })
+	left := 0
+	for _, o := range a.tunnels {
+		if !o.final() {
+			left++
+		}
+	}
+	a.mu.Unlock()
+	if len(a.tunnels) > 1 {
+		what := "refused by the edge"
+		if ee != nil {
+			what = "taken over by another agent"
+		}
+		t.log.Warn("tunnel "+what, "err", err, "tunnels_left", left)
+		a.setStatus(func(*Status) {})
+	}
+}
+
+// noneLeft is the final error of an agent whose every tunnel is gone: an
+// eviction if a name was taken over, else the first refusal.
+func (a *Agent) noneLeft() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var refused error
+	for _, t := range a.tunnels {
+		if t.st.State == TunnelEvicted {
+			return t.st.Err
+		}
+		if refused == nil {
+			refused = t.st.Err
+		}
+	}
+	if refused == nil {
+		refused = errors.New("agent: no tunnel")
+	}
+	return refused
+}
+
 // edgeDoes checks that the edge does what this agent's settings need:
 // an older edge would bind another name than --hostname asks, or let in
 // visitors --allow-cidr keeps out.
 func (a *Agent) edgeDoes(features []string) error {
 	need := map[string]string{}
-	if a.cfg.Hostname != "" {
-		need[mux.FeatureHostname] = "--hostname"
-	}
-	if len(a.cfg.AllowCIDR)+len(a.cfg.DenyCIDR) > 0 {
-		need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+	for _, t := range a.tunnels {
+		if t.cfg.Hostname != "" {
+			need[mux.FeatureHostname] = "--hostname"
+		}
+		if len(t.cfg.AllowCIDR)+len(t.cfg.DenyCIDR) > 0 {
+			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+		}
 	}
 	for f, flag := range need {
 		if !slices.Contains(features, f) {
@@ -358,15 +448,36 @@ func (c *conn) readControl() {
 			c.lastAck.Store(time.Now().UnixNano())
 			c.measure(m.Seq)
 		case *mux.Evicted:
-			if m.Hostname == c.hostname {
-				c.a.log.Debug("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
-				c.event(&evictedError{reason: m.Reason})
-			}
+			c.evicted(m)
 		case *mux.GoAway:
 			c.event(errGoAway)
 		case *mux.Unbound:
-			c.once.Do(func() { close(c.unbound) })
+			select {
+			case c.unbound <- m.Hostname:
+			default:
+			}
 		}
+	}
+}
+
+// evicted handles the edge's word that another session took a hostname:
+// that tunnel's name is gone; the session ends when no tunnel is left.
+func (c *conn) evicted(m *mux.Evicted) {
+	c.mu.Lock()
+	t := c.held[m.Hostname]
+	delete(c.held, m.Hostname)
+	c.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.log.Debug("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
+	err := &evictedError{reason: m.Reason}
+	c.a.lose(t, err)
+	c.mu.Lock()
+	left := len(c.held)
+	c.mu.Unlock()
+	if left == 0 {
+		c.event(err)
 	}
 }
 
@@ -405,18 +516,32 @@ func (c *conn) send(m mux.Message, timeout time.Duration) error {
 	return mux.Write(c.ctrl, m)
 }
 
-// stopGracefully unbinds (the edge stops routing at once), lets in-flight
-// requests finish within DrainTimeout, then closes the session.
+// stopGracefully unbinds every name (the edge stops routing them at once),
+// lets in-flight requests finish within DrainTimeout, then closes the
+// session.
 func (a *Agent) stopGracefully(c *conn) {
-	a.log.Info("stopping: unbinding", "hostname", c.hostname)
-	if err := c.send(&mux.Unbind{Hostname: c.hostname}, a.cfg.DialTimeout); err == nil {
-		t := time.NewTimer(a.cfg.DialTimeout)
-		select {
-		case <-c.unbound:
-		case <-c.ys.CloseChan():
-		case <-t.C:
+	c.mu.Lock()
+	held := slices.Sorted(maps.Keys(c.held))
+	c.mu.Unlock()
+	a.log.Info("stopping: unbinding", "hostnames", held)
+	t := time.NewTimer(a.cfg.DialTimeout)
+	defer t.Stop()
+	waiting := map[string]bool{}
+	for _, h := range held {
+		if err := c.send(&mux.Unbind{Hostname: h}, a.cfg.DialTimeout); err != nil {
+			break
 		}
-		t.Stop()
+		waiting[h] = true
+	}
+	for len(waiting) > 0 {
+		select {
+		case h := <-c.unbound:
+			delete(waiting, h)
+		case <-c.ys.CloseChan():
+			waiting = nil
+		case <-t.C:
+			waiting = nil
+		}
 	}
 	c.drain()
 }

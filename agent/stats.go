@@ -60,7 +60,8 @@ type stats struct {
 	mu      sync.Mutex
 	total   int64
 	buckets [rateWindow]bucket
-	recent  []Request // oldest first
+	recent  []Request // up to recentKeep; once full, the oldest at recent[oldest]
+	oldest  int       // where the next request goes once recent is full
 }
 
 func newStats() *stats {
@@ -97,10 +98,12 @@ func (s *stats) closed(r Request) {
 func (s *stats) keep(r Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.recent) == recentKeep {
-		s.recent = append(s.recent[:0], s.recent[1:]...)
+	if len(s.recent) < recentKeep {
+		s.recent = append(s.recent, r)
+		return
 	}
-	s.recent = append(s.recent, r)
+	s.recent[s.oldest] = r
+	s.oldest = (s.oldest + 1) % recentKeep
 }
 
 func (s *stats) snapshot(now time.Time) Stats {
@@ -108,9 +111,11 @@ func (s *stats) snapshot(now time.Time) Stats {
 	s.mu.Lock()
 	st.Total = s.total
 	st.Rate1, st.Rate5 = s.rateLocked(now, 60), s.rateLocked(now, rateWindow)
-	st.Recent = make([]Request, len(s.recent))
-	for i, r := range s.recent {
-		st.Recent[len(s.recent)-1-i] = r
+	n := len(s.recent)
+	st.Recent = make([]Request, n)
+	for i := range n {
+		// The newest is just before the oldest.
+		st.Recent[i] = s.recent[(s.oldest-1-i+2*n)%n]
 	}
 	s.mu.Unlock()
 	var m dto.Metric

@@ -48,6 +48,24 @@ func TestStats(t *testing.T) {
 	}
 }
 
+// TestStatsRecentRing: around the ring of recent requests more than once,
+// the last recentKeep newest first.
+func TestStatsRecentRing(t *testing.T) {
+	s := newStats()
+	for i := range 3*recentKeep + 5 {
+		s.keep(Request{Status: i})
+	}
+	st := s.snapshot(time.Now())
+	if len(st.Recent) != recentKeep {
+		t.Fatalf("%d kept, want %d", len(st.Recent), recentKeep)
+	}
+	for i, r := range st.Recent {
+		if want := 3*recentKeep + 4 - i; r.Status != want {
+			t.Fatalf("recent[%d] is request %d, want %d", i, r.Status, want)
+		}
+	}
+}
+
 // TestStatsQuantiles: p50 and p90 of 1..1000 ms within the summary's
 // stated error.
 func TestStatsQuantiles(t *testing.T) {

@@ -48,33 +48,74 @@ type Status struct {
 	// EvictedReason is the reason the edge gave when it took the name away
 	// (takeover: another agent holds it now).
 	EvictedReason string
+	// Tunnels is each tunnel's state, in the order of the configuration.
+	// Hostname, URL, URLs, Local and Generation above are the first
+	// tunnel's that holds its name (the first's when none does).
+	Tunnels []TunnelStatus
 }
 
-// Tunnel is one public URL the agent serves, as the local API and the
+// TunnelState is where one tunnel's name stands.
+type TunnelState string
+
+// Tunnel states.
+const (
+	// TunnelConnecting: not bound on the current session yet.
+	TunnelConnecting TunnelState = "connecting"
+	// TunnelOnline: bound on the current session.
+	TunnelOnline TunnelState = "online"
+	// TunnelRefused: the edge refused the name (final).
+	TunnelRefused TunnelState = "refused"
+	// TunnelEvicted: another agent took the name over (final).
+	TunnelEvicted TunnelState = "evicted"
+)
+
+// TunnelStatus is one tunnel's part of the status.
+type TunnelStatus struct {
+	Name       string // the tunnel's name; "command_line" for the command line's
+	Local      string // the local service's URL
+	State      TunnelState
+	Hostname   string   // once bound
+	URL        string   // the first public URL, once bound
+	URLs       []string // every public URL of the binding
+	Generation uint64
+	// Err is why the name was refused or lost; nil otherwise.
+	Err error
+	// EvictedReason is the reason the edge gave when it took the name away.
+	EvictedReason string
+}
+
+// Endpoint is one public URL the agent serves, as the local API and the
 // console list it.
-type Tunnel struct {
-	// Name is ngrok's for a command-line tunnel: "command_line" for the
-	// first URL, "command_line (SCHEME)" for the others.
+type Endpoint struct {
+	// Name is ngrok's: the tunnel's name ("command_line" for the command
+	// line's) for its first URL, "NAME (SCHEME)" for the others.
 	Name      string
+	Tunnel    string // the tunnel's name
 	Proto     string // the public URL's scheme: https or http
 	PublicURL string
 	Local     string // the local service's URL
 }
 
-// Tunnels lists the public URLs of s, the first (HTTPS when the edge has
-// it) first. An agent that lost its name (evicted, stopped) lists none.
-func (s Status) Tunnels() []Tunnel {
-	out := make([]Tunnel, 0, len(s.URLs))
-	for i, u := range s.URLs {
-		proto := "http"
-		if pu, err := url.Parse(u); err == nil {
-			proto = pu.Scheme
+// Endpoints lists the public URLs of the tunnels that hold their names,
+// each tunnel's first (HTTPS when the edge has it) first. An agent that
+// lost its names (evicted, stopped) lists none.
+func (s Status) Endpoints() []Endpoint {
+	out := []Endpoint{}
+	for _, t := range s.Tunnels {
+		if t.State == TunnelRefused || t.State == TunnelEvicted {
+			continue
 		}
-		name := "command_line"
-		if i > 0 {
-			name += " (" + proto + ")"
+		for i, u := range t.URLs {
+			proto := "http"
+			if pu, err := url.Parse(u); err == nil {
+				proto = pu.Scheme
+			}
+			name := t.Name
+			if i > 0 {
+				name += " (" + proto + ")"
+			}
+			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local})
 		}
-		out = append(out, Tunnel{Name: name, Proto: proto, PublicURL: u, Local: s.Local})
 	}
 	return out
 }

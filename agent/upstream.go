@@ -28,15 +28,15 @@ func hostPort(u *url.URL) string {
 
 // loadUpstreamCA reads --upstream-ca-file into the local service's TLS
 // configuration, before any connection to it.
-func (a *Agent) loadUpstreamCA() error {
-	if a.upstreamTLS == nil || a.cfg.UpstreamCAFile == "" {
+func (t *tunnel) loadUpstreamCA() error {
+	if t.upstreamTLS == nil || t.cfg.UpstreamCAFile == "" {
 		return nil
 	}
-	pool, err := readCAFile("upstream-ca-file", a.cfg.UpstreamCAFile)
+	pool, err := readCAFile("upstream-ca-file", t.cfg.UpstreamCAFile)
 	if err != nil {
-		return err
+		return t.wrap(err)
 	}
-	a.upstreamTLS.RootCAs = pool
+	t.upstreamTLS.RootCAs = pool
 	return nil
 }
 
@@ -67,8 +67,8 @@ type localFailures struct {
 
 // strayBytes warns, at most once every localWarnEvery, of a connection to
 // the local service that received bytes nobody asked for.
-func (a *Agent) strayBytes() {
-	f := &a.strays
+func (t *tunnel) strayBytes() {
+	f := &t.strays
 	f.mu.Lock()
 	now := time.Now()
 	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
@@ -79,14 +79,14 @@ func (a *Agent) strayBytes() {
 	unsaid := f.unsaid
 	f.last, f.unsaid = now, 0
 	f.mu.Unlock()
-	a.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
-		"local", a.local.String(), "times_not_logged", unsaid)
+	t.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
+		"local", t.local.String(), "times_not_logged", unsaid)
 }
 
 // localFailed logs a request the local service failed, as a warning with a
 // hint at the likely fix, at most once every localWarnEvery.
-func (a *Agent) localFailed(code string, err error) {
-	f := &a.failures
+func (t *tunnel) localFailed(code string, err error) {
+	f := &t.failures
 	f.mu.Lock()
 	now := time.Now()
 	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
@@ -97,14 +97,14 @@ func (a *Agent) localFailed(code string, err error) {
 	unsaid := f.unsaid
 	f.last, f.unsaid = now, 0
 	f.mu.Unlock()
-	args := []any{"code", code, "local", a.local.String(), "err", err}
-	if hint := localHint(a.local, code, err); hint != "" {
+	args := []any{"code", code, "local", t.local.String(), "err", err}
+	if hint := localHint(t.local, code, err); hint != "" {
 		args = append(args, "hint", hint)
 	}
 	if unsaid > 0 {
 		args = append(args, "failures_not_logged", unsaid)
 	}
-	a.log.Warn("request to the local service failed", args...)
+	t.log.Warn("request to the local service failed", args...)
 }
 
 // localHint says what to do about a request to the local service that

@@ -120,6 +120,7 @@ func (b *bench) run() error {
 		{"reset", b.resets},
 		{"outage", b.outages},
 		{"idle", b.idleTunnels},
+		{"grpc", b.grpcUnary},
 	}
 	for _, p := range phases {
 		if !b.o.phases[p.name] && !(p.name == "rss" && (b.o.phases["get"] || b.o.phases["xfer"])) {
@@ -141,14 +142,18 @@ func (b *bench) startEdge() error {
 	if b.o.self {
 		env = []string{roleEnv + "=edge"}
 		args = []string{"-domain", domain, "-http-addr", b.addrs["http"], "-https-addr", b.addrs["https"],
-			"-control-addr", b.addrs["control"], "-data-dir", dataDir, "-window", strconv.FormatUint(uint64(b.o.window), 10)}
+			"-control-addr", b.addrs["control"], "-data-dir", dataDir, "-window", strconv.FormatUint(uint64(b.o.window), 10),
+			"-max-requests-per-ip", strconv.Itoa(b.perIP())}
 		if b.o.profile != "" {
 			args = append(args, "-cpuprofile", filepath.Join(b.o.profile, fmt.Sprintf("edge-%d.pprof", b.starts)))
+			if b.o.contention {
+				args = append(args, "-contention")
+			}
 		}
 	} else {
 		args = []string{"edge", "--domain", domain, "--http-addr", b.addrs["http"], "--https-addr", b.addrs["https"],
 			"--control-addr", b.addrs["control"], "--admin-addr", "", "--data-dir", dataDir,
-			"--tls-mode", "self-signed", "--log-format", "json"}
+			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP())}
 	}
 	p, err := startProc("edge", b.bin, args, append(env, b.o.childEnv...), filepath.Join(b.dir, "edge.log"))
 	if err != nil {
@@ -168,6 +173,14 @@ func (b *bench) startEdge() error {
 		}
 	}
 	return errors.New("edge did not listen within 15s")
+}
+
+// perIP is the edge's bound on one visitor address's requests in flight:
+// every visitor of the bench comes from 127.0.0.1, so it is raised to the
+// largest concurrency measured (the edge's default, 64, answers the rest
+// of a c=256 run with 429).
+func (b *bench) perIP() int {
+	return max(64, slices.Max(b.o.concs))
 }
 
 func (b *bench) loadCA(dataDir string) error {
@@ -193,10 +206,14 @@ func (b *bench) startAgent(sub, edgeAddr string) (*proc, error) {
 	var args, env []string
 	if b.o.self {
 		env = []string{roleEnv + "=agent"}
+		// The inspector is on, as the CLI runs the agent by default.
 		args = []string{"-edge", edgeAddr, "-ca-file", ca, "-local", local, "-subdomain", sub,
-			"-window", strconv.FormatUint(uint64(b.o.window), 10)}
+			"-window", strconv.FormatUint(uint64(b.o.window), 10), "-inspect", freePort()}
 		if b.o.profile != "" {
 			args = append(args, "-cpuprofile", filepath.Join(b.o.profile, "agent-"+sub+".pprof"))
+			if b.o.contention {
+				args = append(args, "-contention")
+			}
 		}
 	} else {
 		args = []string{"http", local, "--edge", edgeAddr, "--ca-file", ca, "--subdomain", sub, "--log-format", "json"}
@@ -255,14 +272,20 @@ func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 func (b *bench) smallGETs() error {
 	for _, scheme := range b.o.schemes {
 		for _, c := range b.o.concs {
-			d := smallGETs(b.direct(scheme), c, b.o.dur)
+			d, err := b.load(b.direct(scheme), scheme, c)
+			if err != nil {
+				return err
+			}
 			e0, a0 := b.edge.cpu(), b.agent.cpu()
-			t := smallGETs(b.tunnel(scheme, mainSub), c, b.o.dur)
+			t, err := b.load(b.tunnel(scheme, mainSub), scheme, c)
+			if err != nil {
+				return err
+			}
 			e1, a1 := b.edge.cpu(), b.agent.cpu()
 			if t.n == 0 || d.n == 0 {
 				return fmt.Errorf("%s c=%d: no successful request (tunnel errors %d, direct errors %d)", scheme, c, t.errs, d.errs)
 			}
-			rate, p50 := loadRows(fmt.Sprintf("GET %s c=%d", strings.ToUpper(scheme), c), d, t)
+			rate, p50 := loadRows(fmt.Sprintf("GET %s c=%d%s", strings.ToUpper(scheme), c, b.by(scheme)), d, t)
 			ratio, added := t.rps()/d.rps(), t.p50-d.p50
 			switch c {
 			case 1:
@@ -279,6 +302,8 @@ func (b *bench) smallGETs() error {
 				b.add(row{name: fmt.Sprintf("edge CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per10k(e1-e0, t.n)})
 				b.add(row{name: fmt.Sprintf("agent CPU per 10k GETs (%s c=16)", strings.ToUpper(scheme)), tunnel: per10k(a1-a0, t.n)})
 			}
+			b.add(row{name: fmt.Sprintf("load generator CPU per 10k GETs (%s c=%d%s)", strings.ToUpper(scheme), c, b.generator(scheme)),
+				direct: per10k(d.genCPU, d.n), tunnel: per10k(t.genCPU, t.n)})
 			for _, p := range b.peers {
 				if err := b.peerGETs(p, scheme, c, d); err != nil {
 					return err
@@ -287,6 +312,30 @@ func (b *bench) smallGETs() error {
 		}
 	}
 	return nil
+}
+
+// load runs the small GETs of one row against t: by wrk for plain HTTP
+// with -wrk, else by the bench's Go visitors.
+func (b *bench) load(t target, scheme string, conc int) (loadResult, error) {
+	if b.o.wrk != "" && scheme == "http" {
+		return wrkGETs(b.o.wrk, b.o.wrkT, t, conc, b.o.dur)
+	}
+	return smallGETs(t, conc, b.o.dur), nil
+}
+
+// by names the load generator of scheme's rows when it is not the default.
+func (b *bench) by(scheme string) string {
+	if b.o.wrk != "" && scheme == "http" {
+		return " (wrk)"
+	}
+	return ""
+}
+
+func (b *bench) generator(scheme string) string {
+	if b.o.wrk != "" && scheme == "http" {
+		return ", wrk"
+	}
+	return ", bench process: visitors and backend"
 }
 
 // loadRows are the req/s and p50 rows of t against the direct run d.
@@ -311,12 +360,15 @@ func (b *bench) peerGETs(p *peer, scheme string, c int, d loadResult) error {
 		return nil
 	}
 	cpu0 := p.cpu()
-	t := smallGETs(pt, c, b.o.dur)
+	t, err := b.load(pt, scheme, c)
+	if err != nil {
+		return fmt.Errorf("%s: %w", p.name, err)
+	}
 	cpu := p.cpu() - cpu0
 	if t.n == 0 {
 		return fmt.Errorf("%s %s c=%d: no successful request (%d errors)", p.name, scheme, c, t.errs)
 	}
-	rate, p50 := loadRows(fmt.Sprintf("%s: GET %s c=%d", p.name, strings.ToUpper(scheme), c), d, t)
+	rate, p50 := loadRows(fmt.Sprintf("%s: GET %s c=%d%s", p.name, strings.ToUpper(scheme), c, b.by(scheme)), d, t)
 	b.add(rate)
 	b.add(p50)
 	if c == 16 {

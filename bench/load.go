@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -128,6 +129,9 @@ type loadResult struct {
 	n, errs  int
 	elapsed  time.Duration
 	p50, p99 time.Duration
+	// genCPU is the load generator's CPU over the run: wrk's, or the
+	// bench process's (its visitors and the backend).
+	genCPU time.Duration
 }
 
 func (r loadResult) rps() float64 { return float64(r.n) / r.elapsed.Seconds() }
@@ -143,6 +147,13 @@ func smallGETs(t target, conc int, d time.Duration) loadResult {
 
 func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 	ctx := context.Background()
+	return measure(conc, d, func() bool { return t.get(ctx, c, "/small") == http.StatusOK })
+}
+
+// measure runs conc callers of call for d and returns the successful
+// calls' count and latencies, and the bench's own CPU meanwhile.
+func measure(conc int, d time.Duration, call func() bool) loadResult {
+	cpu0 := selfCPU()
 	lats := make([][]time.Duration, conc)
 	errs := make([]int, conc)
 	start := time.Now()
@@ -153,7 +164,7 @@ func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 			l := make([]time.Duration, 0, 4096)
 			for time.Now().Before(deadline) {
 				t0 := time.Now()
-				if t.get(ctx, c, "/small") != http.StatusOK {
+				if !call() {
 					errs[i]++
 					continue
 				}
@@ -163,7 +174,7 @@ func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 		})
 	}
 	wg.Wait()
-	r := loadResult{elapsed: time.Since(start)}
+	r := loadResult{elapsed: time.Since(start), genCPU: selfCPU() - cpu0}
 	all := slices.Concat(lats...)
 	slices.Sort(all)
 	r.n = len(all)
@@ -175,6 +186,15 @@ func run(t target, c *http.Client, conc int, d time.Duration) loadResult {
 		r.p99 = all[len(all)*99/100]
 	}
 	return r
+}
+
+// selfCPU is the bench process's CPU time so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // zeros is an endless reader of zero bytes.

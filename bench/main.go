@@ -12,6 +12,7 @@
 //	go run ./bench -muxfloor             # also two relays over ngstone's TLS+yamux link
 //	go run ./bench -wan -frp /tmp/frp    # over emulated WAN links (root), frp beside
 //	go run ./bench -wan -windows 1M,4M -wanphases xfer,behind  # stream windows against each other
+//	go run ./bench -wrk wrk -phases get  # plain HTTP small GETs sent by wrk
 //
 // It prints a Markdown table on stdout and its progress on stderr.
 package main
@@ -30,26 +31,29 @@ import (
 )
 
 type options struct {
-	quick    bool
-	dur      time.Duration
-	concs    []int
-	size     int64
-	xfers    int
-	tunnels  int
-	resets   int
-	outages  int
-	outage   time.Duration
-	bin      string
-	self     bool
-	window   uint
-	profile  string
-	phases   map[string]bool
-	keepTemp bool
-	childEnv []string
-	schemes  []string
-	frp      string
-	floor    bool
-	muxFloor bool
+	quick      bool
+	dur        time.Duration
+	concs      []int
+	size       int64
+	xfers      int
+	tunnels    int
+	resets     int
+	outages    int
+	outage     time.Duration
+	bin        string
+	self       bool
+	window     uint
+	profile    string
+	phases     map[string]bool
+	keepTemp   bool
+	childEnv   []string
+	schemes    []string
+	frp        string
+	floor      bool
+	muxFloor   bool
+	contention bool
+	wrk        string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
+	wrkT       int    // wrk's threads
 
 	// The WAN bench (wan.go).
 	wan           bool
@@ -107,7 +111,7 @@ func parseFlags() options {
 	flag.BoolVar(&o.self, "self", false, "run the edge and agent from this binary (same packages), which allows -window and -profile")
 	flag.UintVar(&o.window, "window", 0, "yamux stream window in bytes for -self (0: the mux default)")
 	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
-	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run")
+	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run (and grpc: unary gRPC calls through an http2 tunnel)")
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
@@ -121,6 +125,9 @@ func parseFlags() options {
 	flag.DurationVar(&o.blackhole, "blackhole", 30*time.Second, "WAN: length of each black-hole of the link")
 	flag.IntVar(&o.blackholes, "blackholes", 5, "WAN: black-holes per tunnel (median)")
 	flag.StringVar(&o.outageProfile, "outageprofile", "50ms", "WAN: the link the outage phase runs over")
+	flag.BoolVar(&o.contention, "contention", false, "with -profile: also write mutex and block profiles of the edge and agent (DIR/ROLE-mutex.pprof, -block.pprof); their sampling costs CPU")
+	flag.StringVar(&o.wrk, "wrk", "", "send the plain HTTP small GETs with this wrk binary (e.g. wrk, from PATH) instead of the bench's own Go visitors, which share the cores with what they measure")
+	flag.IntVar(&o.wrkT, "wrkthreads", 1, "wrk's threads with -wrk")
 	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")
 	childEnv := flag.String("childenv", "", "extra environment for the edge and agent, KEY=VALUE separated by commas (e.g. GOMAXPROCS=1)")
 	flag.Parse()

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"strings"
 	"syscall"
 
 	"github.com/ngstone/ngstone/agent"
@@ -38,9 +39,13 @@ func runRole(role string, args []string) int {
 	serverName := fs.String("server-name", "", "agent: the name the edge's certificate must match")
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
+	protocol := fs.String("upstream-protocol", "", "agent: http1 or http2 to the local service")
 	listen := fs.String("listen", "", "relay: listen address")
 	to := fs.String("to", "", "relay, mux agent: next hop")
 	tunnel := fs.String("tunnel", "", "mux edge: tunnel listener")
+	contention := fs.Bool("contention", false, "with -cpuprofile: also write mutex and block profiles (their sampling costs CPU)")
+	inspect := fs.String("inspect", "", "agent: the inspector's address, as the CLI runs it by default (empty: none)")
+	perIP := fs.Int("max-requests-per-ip", 0, "edge: requests in flight from one visitor address (0: the default)")
 	fs.Parse(args)
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -54,8 +59,14 @@ func runRole(role string, args []string) int {
 		defer f.Close()
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
-	}
-	if *cpuprofile != "" {
+		if *contention {
+			// Who waits on a lock or a channel, and for how long: one
+			// contention event in 5, blocking events of a microsecond or
+			// more.
+			runtime.SetMutexProfileFraction(5)
+			runtime.SetBlockProfileRate(1000)
+			defer writeProfiles(strings.TrimSuffix(*cpuprofile, ".pprof"), "mutex", "block")
+		}
 		dumpOnUSR1(filepath.Dir(*cpuprofile), role)
 	}
 	var err error
@@ -65,6 +76,9 @@ func runRole(role string, args []string) int {
 		cfg.Domain, cfg.HTTPAddr, cfg.HTTPSAddr, cfg.ControlAddr, cfg.AdminAddr = *domain, *httpAddr, *httpsAddr, *ctrlAddr, ""
 		cfg.TLS = certs.Config{Mode: certs.ModeSelfSigned, DataDir: *dataDir}
 		cfg.Mux.StreamWindow = uint32(*window)
+		if *perIP > 0 {
+			cfg.MaxRequestsPerIP = *perIP
+		}
 		var e *edge.Edge
 		if e, err = edge.New(cfg, nil); err == nil {
 			err = e.Run(ctx)
@@ -72,6 +86,10 @@ func runRole(role string, args []string) int {
 	case "agent":
 		cfg := agent.DefaultConfig()
 		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain, cfg.ServerName = *edgeAddr, *caFile, *local, *sub, *serverName
+		if *protocol != "" {
+			cfg.UpstreamProtocol = *protocol
+		}
+		cfg.InspectAddr = *inspect
 		cfg.Mux.StreamWindow = uint32(*window)
 		var a *agent.Agent
 		if a, err = agent.New(cfg, nil); err == nil {
@@ -91,6 +109,18 @@ func runRole(role string, args []string) int {
 		return 1
 	}
 	return 0
+}
+
+// writeProfiles writes the named profiles as PREFIX-NAME.pprof.
+func writeProfiles(prefix string, names ...string) {
+	for _, name := range names {
+		f, err := os.Create(prefix + "-" + name + ".pprof")
+		if err != nil {
+			continue
+		}
+		pprof.Lookup(name).WriteTo(f, 0)
+		f.Close()
+	}
 }
 
 // dumpOnUSR1 writes heap and goroutine profiles into dir on each SIGUSR1.

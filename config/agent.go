@@ -2,6 +2,8 @@ package config
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -46,7 +48,21 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("host-header", "", "Host the local service gets: rewrite (its own HOST:PORT, for dev servers that check Host) or a HOST (default: the visitor's)")
 	fs.StringArray("basic-auth", nil, "USER:PASSWORD a visitor must give (HTTP basic authentication; repeatable; passwords of 8 characters or more)")
 	fs.Bool("log-requests", false, "log a line per request: method, path, status, duration (true by default when stderr is a terminal)")
-	return &Agent{l: newLoader(fs)}
+	l := newLoader(fs)
+	l.defaultFile, _ = DefaultFile()
+	l.sections = []string{"tunnels"}
+	return &Agent{l: l}
+}
+
+// DefaultFile is the agent's settings file when --config names none:
+// ngstone/ngstone.yml in the user config directory ($XDG_CONFIG_HOME or
+// ~/.config on Linux), which `ngstone config` writes.
+func DefaultFile() (string, error) {
+	dir, err := os.UserConfigDir()
+	if err != nil {
+		return "", fmt.Errorf("no user config directory (%w): give --config", err)
+	}
+	return filepath.Join(dir, "ngstone", "ngstone.yml"), nil
 }
 
 // DefaultInspectAddr is where the inspector listens unless told otherwise;
@@ -74,10 +90,21 @@ func (c *Agent) Console() (Console, error) {
 	return cs, e.err
 }
 
-// Load reads flags, environment and file into an agent.Config. local is the
-// positional PORT | HOST:PORT | URL (empty to take the file's "local" key is
-// not supported: the local address is always an argument).
+// Load reads flags, environment and file into an agent.Config of one
+// tunnel. local is the positional PORT | HOST:PORT | URL (the local
+// address is always an argument; a file's tunnels: are for `ngstone
+// start`).
 func (c *Agent) Load(local string) (agent.Config, Log, error) {
+	cfg, lg, err := c.load()
+	if err != nil {
+		return cfg, lg, err
+	}
+	cfg.Local = local
+	return cfg, lg, check(cfg)
+}
+
+// load reads the agent's settings, its one tunnel's from the top level.
+func (c *Agent) load() (agent.Config, Log, error) {
 	l := c.l
 	if err := l.bind(); err != nil {
 		return agent.Config{}, Log{}, err
@@ -88,33 +115,19 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	}
 	var e errs
 	cfg := agent.DefaultConfig()
-	cfg.Local = local
+	e.set(readTunnel(l, &cfg.Tunnel, func(string) bool { return true }))
 	cfg.Edge = l.string("edge")
-	cfg.Subdomain = l.string("subdomain")
-	cfg.Hostname = l.string("hostname")
-	cfg.AllowCIDR = l.strings("allow-cidr")
-	cfg.DenyCIDR = l.strings("deny-cidr")
-	cfg.RequestHeaderAdd = l.wholeStrings("request-header-add")
-	cfg.RequestHeaderRemove = l.wholeStrings("request-header-remove")
-	cfg.ResponseHeaderAdd = l.wholeStrings("response-header-add")
-	cfg.ResponseHeaderRemove = l.wholeStrings("response-header-remove")
 	token, err := l.secret("authtoken")
 	e.set(err)
 	cfg.Token = token
 	cfg.CAFile = l.string("ca-file")
 	cfg.ServerName = l.string("server-name")
 	cfg.Insecure = e.boolean(l, "insecure")
-	cfg.UpstreamTimeout = e.dur(l, "upstream-timeout")
-	cfg.UpstreamCAFile = l.string("upstream-ca-file")
-	cfg.UpstreamInsecure = e.boolean(l, "upstream-insecure")
-	cfg.UpstreamProtocol = l.string("upstream-protocol")
 	cfg.HeartbeatInterval = e.dur(l, "heartbeat-interval")
 	cfg.HeartbeatTimeout = e.dur(l, "heartbeat-timeout")
 	cfg.DialTimeout = e.dur(l, "dial-timeout")
 	cfg.DrainTimeout = e.dur(l, "drain-timeout")
 	cfg.LogRequests = e.boolean(l, "log-requests")
-	cfg.BasicAuth = l.wholeStrings("basic-auth")
-	cfg.HostHeader = l.string("host-header")
 	cfg.InspectAddr = l.string("inspect-addr")
 	if cfg.InspectAddr == DefaultInspectAddr {
 		cfg.InspectPorts = inspectPorts
@@ -127,7 +140,7 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	if e.err != nil {
 		return cfg, lg, e.err
 	}
-	for key, d := range map[string]int64{"upstream-timeout": int64(cfg.UpstreamTimeout), "heartbeat-interval": int64(cfg.HeartbeatInterval), "heartbeat-timeout": int64(cfg.HeartbeatTimeout), "dial-timeout": int64(cfg.DialTimeout), "backoff-base": int64(cfg.BackoffBase), "backoff-cap": int64(cfg.BackoffCap)} {
+	for key, d := range map[string]int64{"heartbeat-interval": int64(cfg.HeartbeatInterval), "heartbeat-timeout": int64(cfg.HeartbeatTimeout), "dial-timeout": int64(cfg.DialTimeout), "backoff-base": int64(cfg.BackoffBase), "backoff-cap": int64(cfg.BackoffCap)} {
 		if d == 0 {
 			return cfg, lg, fmt.Errorf("%s 0: must be positive", key)
 		}
@@ -135,11 +148,67 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 	if cfg.BackoffCap < cfg.BackoffBase {
 		return cfg, lg, fmt.Errorf("backoff-cap %s: must be at least backoff-base %s", cfg.BackoffCap, cfg.BackoffBase)
 	}
+	return cfg, lg, nil
+}
+
+// check validates cfg; without an edge (the embedded one fills it in) the
+// rest is checked now.
+func check(cfg agent.Config) error {
 	if cfg.Edge == "" {
-		// The embedded edge fills Edge in; check the rest now.
-		probe := cfg
-		probe.Edge = "localhost:1"
-		return cfg, lg, probe.Validate()
+		cfg.Edge = "localhost:1"
 	}
-	return cfg, lg, cfg.Validate()
+	return cfg.Validate()
+}
+
+// tunnelKeys are the settings that are each tunnel's own: a flag for the
+// command line's tunnel, a key of each entry of the file's tunnels:.
+var tunnelKeys = []string{
+	"subdomain", "hostname", "allow-cidr", "deny-cidr",
+	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
+	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
+	"basic-auth", "host-header",
+}
+
+// readTunnel reads into t the tunnel settings l has (has says which).
+func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
+	var e errs
+	for _, key := range tunnelKeys {
+		if !has(key) {
+			continue
+		}
+		switch key {
+		case "subdomain":
+			t.Subdomain = l.string(key)
+		case "hostname":
+			t.Hostname = l.string(key)
+		case "allow-cidr":
+			t.AllowCIDR = l.strings(key)
+		case "deny-cidr":
+			t.DenyCIDR = l.strings(key)
+		case "request-header-add":
+			t.RequestHeaderAdd = l.wholeStrings(key)
+		case "request-header-remove":
+			t.RequestHeaderRemove = l.wholeStrings(key)
+		case "response-header-add":
+			t.ResponseHeaderAdd = l.wholeStrings(key)
+		case "response-header-remove":
+			t.ResponseHeaderRemove = l.wholeStrings(key)
+		case "upstream-timeout":
+			t.UpstreamTimeout = e.dur(l, key)
+			if e.err == nil && t.UpstreamTimeout == 0 {
+				e.set(fmt.Errorf("%s 0: must be positive", key))
+			}
+		case "upstream-ca-file":
+			t.UpstreamCAFile = l.string(key)
+		case "upstream-insecure":
+			t.UpstreamInsecure = e.boolean(l, key)
+		case "upstream-protocol":
+			t.UpstreamProtocol = l.string(key)
+		case "basic-auth":
+			t.BasicAuth = l.wholeStrings(key)
+		case "host-header":
+			t.HostHeader = l.string(key)
+		}
+	}
+	return e.err
 }

@@ -52,6 +52,14 @@ type loader struct {
 	v    *viper.Viper
 	fs   *pflag.FlagSet
 	keys []string
+	// defaultFile is read when --config names none, if it exists (the
+	// agent's, in the user config directory); empty: none.
+	defaultFile string
+	// sections are keys of the file whose contents another reader checks
+	// (the agent's tunnels:).
+	sections []string
+	// file is the file read, once bound; empty: none.
+	file string
 }
 
 func newLoader(fs *pflag.FlagSet) *loader {
@@ -99,9 +107,15 @@ func defaultValue(f *pflag.Flag) any {
 // typo is an error rather than a setting silently ignored.
 func (l *loader) readFile() error {
 	path := l.v.GetString("config")
+	if path == "" && l.defaultFile != "" {
+		if _, err := os.Stat(l.defaultFile); err == nil {
+			path = l.defaultFile
+		}
+	}
 	if path == "" {
 		return nil
 	}
+	l.file = path
 	l.v.SetConfigFile(path)
 	l.v.SetConfigType("yaml")
 	if err := l.v.ReadInConfig(); err != nil {
@@ -114,6 +128,9 @@ func (l *loader) readFile() error {
 		return fmt.Errorf("config %s: %w", path, err)
 	}
 	for _, k := range fileV.AllKeys() {
+		if section, _, _ := strings.Cut(k, "."); slices.Contains(l.sections, section) {
+			continue
+		}
 		if !slices.Contains(l.keys, k) || k == "config" {
 			return fmt.Errorf("config %s: unknown key %q (keys are the command's flag names, e.g. drain-timeout)", path, k)
 		}

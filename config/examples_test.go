@@ -55,6 +55,9 @@ func loadExampleEdge(t *testing.T, args ...string) edge.Config {
 
 // clearEnv keeps the runner's NGSTONE_* variables out of a test.
 func clearNgstoneEnv(t *testing.T) {
+	// No settings file of the user's either: the default one is under
+	// the user config directory.
+	t.Setenv("XDG_CONFIG_HOME", t.TempDir())
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); strings.HasPrefix(k, config.EnvPrefix+"_") {
 			t.Setenv(k, "")
@@ -87,6 +90,22 @@ func TestExampleAgentYAML(t *testing.T) {
 	}
 	if cfg.Edge != "tunnels.example.com:4443" || cfg.Subdomain != "myapp" || !cfg.LogRequests {
 		t.Errorf("agent.yaml loaded as edge %q subdomain %q log-requests %v", cfg.Edge, cfg.Subdomain, cfg.LogRequests)
+	}
+}
+
+func TestExampleTunnelsYAML(t *testing.T) {
+	clearNgstoneEnv(t)
+	fs := pflag.NewFlagSet("start", pflag.ContinueOnError)
+	l := config.NewAgent(fs)
+	if err := fs.Parse([]string{"--config", filepath.Join(examplesDir, "tunnels.yaml")}); err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := l.LoadTunnels(nil, true)
+	if err != nil {
+		t.Fatalf("load tunnels.yaml: %v", err)
+	}
+	if len(cfg.Tunnels) != 3 || cfg.Tunnels[1].Name != "api" || !cfg.Tunnels[1].UpstreamInsecure || cfg.Tunnels[2].UpstreamProtocol != "http2" {
+		t.Errorf("tunnels.yaml loaded as %+v", cfg.Tunnels)
 	}
 }
 

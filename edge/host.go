@@ -18,9 +18,15 @@ func NormalizeHost(h string) (string, error) {
 	if h == "" {
 		return "", fmt.Errorf("%w: empty", ErrBadHost)
 	}
-	if host, _, err := net.SplitHostPort(h); err == nil {
-		h = host
-	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+	// A name with no colon has no port: net.SplitHostPort would fail, and
+	// make an error to say so, on every request for such a name.
+	split := false
+	if strings.IndexByte(h, ':') >= 0 {
+		if host, _, err := net.SplitHostPort(h); err == nil {
+			h, split = host, true
+		}
+	}
+	if !split && strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
 		h = h[1 : len(h)-1]
 	}
 	for i := 0; i < len(h); i++ {
@@ -34,8 +40,10 @@ func NormalizeHost(h string) (string, error) {
 	if h == "" || len(h) > 253 {
 		return "", fmt.Errorf("%w: length %d", ErrBadHost, len(h))
 	}
-	if ip := net.ParseIP(h); ip != nil {
-		return ip.String(), nil
+	if mayBeIP(h) {
+		if ip := net.ParseIP(h); ip != nil {
+			return ip.String(), nil
+		}
 	}
 	for i := 0; i < len(h); i++ {
 		c := h[i]
@@ -47,4 +55,19 @@ func NormalizeHost(h string) (string, error) {
 		return "", fmt.Errorf("%w: empty label", ErrBadHost)
 	}
 	return h, nil
+}
+
+// mayBeIP reports whether net.ParseIP could read h: an IPv6 address has a
+// colon, an IPv4 one only digits and dots. For any other name ParseIP
+// would make an error it returns no part of.
+func mayBeIP(h string) bool {
+	if strings.IndexByte(h, ':') >= 0 {
+		return true
+	}
+	for i := 0; i < len(h); i++ {
+		if (h[i] < '0' || h[i] > '9') && h[i] != '.' {
+			return false
+		}
+	}
+	return true
 }

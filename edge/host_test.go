@@ -91,6 +91,57 @@ func FuzzNormalizeHost(f *testing.F) {
 	})
 }
 
+// FuzzNormalizeHostShortcuts: NormalizeHost skips net.SplitHostPort for a
+// host with no colon and net.ParseIP for one that cannot be an address;
+// what it returns is what it returned calling both always.
+func FuzzNormalizeHostShortcuts(f *testing.F) {
+	for _, h := range []string{"app.example.com", "App.Example.COM.:443", "[::1]:80", "[::1]", "[app]", "127.0.0.1", "127.0.0.1:8080",
+		"1.2.3", "01.2.3.4", "1.2.3.4.", "::ffff:1.2.3.4", "[fe80::1%25eth0]:80", ":80", "[]", "a:b:c"} {
+		f.Add(h)
+	}
+	f.Fuzz(func(t *testing.T, h string) {
+		got, err := NormalizeHost(h)
+		want, werr := normalizeHostAlways(h)
+		if got != want || (err == nil) != (werr == nil) {
+			t.Fatalf("NormalizeHost(%q) = %q, %v; calling both always: %q, %v", h, got, err, want, werr)
+		}
+	})
+}
+
+// normalizeHostAlways is NormalizeHost as it was before its shortcuts.
+func normalizeHostAlways(h string) (string, error) {
+	if h == "" {
+		return "", ErrBadHost
+	}
+	if host, _, err := net.SplitHostPort(h); err == nil {
+		h = host
+	} else if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+		h = h[1 : len(h)-1]
+	}
+	for i := 0; i < len(h); i++ {
+		if h[i] >= 0x80 {
+			return "", ErrBadHost
+		}
+	}
+	h = strings.TrimSuffix(strings.ToLower(h), ".")
+	if h == "" || len(h) > 253 {
+		return "", ErrBadHost
+	}
+	if ip := net.ParseIP(h); ip != nil {
+		return ip.String(), nil
+	}
+	for i := 0; i < len(h); i++ {
+		c := h[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '.') {
+			return "", ErrBadHost
+		}
+	}
+	if strings.HasPrefix(h, ".") || strings.HasSuffix(h, ".") || strings.Contains(h, "..") {
+		return "", ErrBadHost
+	}
+	return h, nil
+}
+
 // dnsName reports whether s is non-empty labels of [a-z0-9-] joined by dots.
 func dnsName(s string) bool {
 	if s == "" || len(s) > 253 {

@@ -427,7 +427,9 @@ type countingWriter struct {
 func (w *countingWriter) WriteHeader(status int) {
 	if status >= 200 || status == http.StatusSwitchingProtocols {
 		if w.status.CompareAndSwap(0, int32(status)) {
-			w.code.Store(errorCode(w.Header().Get(mux.ErrorHeader)))
+			if code := errorCode(w.Header().Get(mux.ErrorHeader)); code != "" {
+				w.code.Store(code) // none stored is no code: no allocation for a response of the agent's
+			}
 		}
 	}
 	w.ResponseWriter.WriteHeader(status)

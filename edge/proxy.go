@@ -8,7 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -239,7 +239,7 @@ func (e *Edge) openStream(rt route) (*trackedConn, error) {
 		s.streams.Done()
 		return nil, errors.Join(errNoRoute, err)
 	}
-	return &trackedConn{Conn: st, done: s.streams.Done, s: s}, nil
+	return &trackedConn{Conn: st, s: s}, nil
 }
 
 // proxyError maps a failed exchange of the reverse proxy to the visitor
@@ -285,16 +285,17 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 	e.log.Debug("visitor request failed", "hostname", hostname, "err", err)
 }
 
-// trackedConn reports its close to the session's in-flight tracker once.
+// trackedConn reports its close to its session's in-flight tracker once.
 type trackedConn struct {
 	net.Conn
-	s    *session
-	once sync.Once
-	done func()
+	s      *session
+	closed atomic.Bool
 }
 
 func (c *trackedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(c.done)
+	if c.closed.CompareAndSwap(false, true) {
+		c.s.streams.Done()
+	}
 	return err
 }

@@ -70,22 +70,22 @@ func (t *Tracker) Wait(ctx context.Context, stop <-chan struct{}) {
 }
 
 // BufferPool recycles 32 KiB copy buffers; it satisfies
-// httputil.BufferPool.
+// httputil.BufferPool. The pool holds array pointers, which a slice of the
+// whole array converts back to without an allocation (a *[]byte put back
+// would be one per exchange).
 type BufferPool struct{}
 
 const copyBufSize = 32 << 10
 
-var copyBufs = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+var copyBufs = sync.Pool{New: func() any { return new([copyBufSize]byte) }}
 
 // Get returns a buffer.
-func (BufferPool) Get() []byte { return *(copyBufs.Get().(*[]byte)) }
+func (BufferPool) Get() []byte { return copyBufs.Get().(*[copyBufSize]byte)[:] }
 
-// Put returns a buffer to the pool. A buffer not from Get (of another
-// capacity) is left to the collector, so that Get always returns 32 KiB.
+// Put returns a buffer to the pool; one of another size is left to the
+// collector.
 func (BufferPool) Put(b []byte) {
-	if cap(b) != copyBufSize {
-		return
+	if cap(b) == copyBufSize {
+		copyBufs.Put((*[copyBufSize]byte)(b[:copyBufSize]))
 	}
-	b = b[:copyBufSize]
-	copyBufs.Put(&b)
 }

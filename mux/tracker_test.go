@@ -150,4 +150,13 @@ func TestBufferPool(t *testing.T) {
 			t.Fatal("Get returned a buffer of another size that was put back")
 		}
 	}
+	// A buffer of another size (a caller's own) is not pooled: it would
+	// come back as too short a buffer, or not convert.
+	p.Put(make([]byte, 10))
+	p.Put(make([]byte, 32<<10, 64<<10)[:100])
+	for range 4 {
+		if len(p.Get()) != 32<<10 {
+			t.Fatal("a buffer of another size came back")
+		}
+	}
 }

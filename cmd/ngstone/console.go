@@ -232,16 +232,30 @@ func (m *consoleModel) render() string {
 		web = styleDim.Render("off")
 	}
 	add("Web Interface", web)
-	tunnels := st.Tunnels()
-	for _, t := range tunnels {
+	endpoints := st.Endpoints()
+	for _, t := range endpoints {
 		line := t.PublicURL + " -> " + t.Local
+		if len(st.Tunnels) > 1 {
+			line = t.Tunnel + ": " + line
+		}
 		if st.State != agent.StateOnline {
 			line = styleDim.Render(line + " (offline until reconnected)")
 		}
 		add("Forwarding", line)
 	}
-	if len(tunnels) == 0 {
+	if len(endpoints) == 0 {
 		add("Forwarding", styleDim.Render(m.noURL()))
+	}
+	if len(st.Tunnels) > 1 && len(endpoints) > 0 {
+		// The names this agent no longer serves, while others go on.
+		for _, t := range st.Tunnels {
+			switch t.State {
+			case agent.TunnelRefused:
+				addWrapped("Refused", t.Name+": "+agent.ErrText(t.Err), styleErr)
+			case agent.TunnelEvicted:
+				addWrapped("Evicted", fmt.Sprintf("%s: another agent (another instance) took %s over while this one was unreachable", t.Name, t.Hostname), styleErr)
+			}
+		}
 	}
 	if m.view.note != "" {
 		add("", styleDim.Render(m.view.note))

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -53,7 +54,11 @@ token or the name, 4 when another agent took the name over.
 
 Every flag is also an environment variable (NGSTONE_ + the flag in upper case,
 '-' as '_', e.g. NGSTONE_AUTHTOKEN; NGSTONE_AUTHTOKEN_FILE reads it from a
-file) and a key of the YAML --config file.`,
+file) and a key of the YAML settings file: --config FILE, or else the
+default file that ngstone config writes (ngstone/ngstone.yml in the user
+config directory, ~/.config on Linux), if it exists. Flags win over the
+environment, the environment over the file. Several tunnels in one agent:
+ngstone start.`,
 		Args: httpArgs,
 	}
 	loader := config.NewAgent(cmd.Flags())
@@ -66,25 +71,31 @@ file) and a key of the YAML --config file.`,
 		if err != nil {
 			return withCode(exitUsage, err)
 		}
-		cs, err := loader.Console()
-		if err != nil {
-			return withCode(exitUsage, err)
-		}
-		if !cs.Enabled || !isTerminal(os.Stdout) {
-			log := newLogger(lc, os.Stderr)
-			return runAgent(cmd.Context(), cfg, log, newStatusPrinter(cmd.OutOrStdout(), log))
-		}
-		// The console owns the terminal: while stderr is the same
-		// terminal, the log's warnings are shown in it.
-		var events *eventLog
-		log := newLogger(lc, os.Stderr)
-		if isTerminal(os.Stderr) {
-			events = newEventLog(consoleEvents)
-			log = newConsoleLogger(lc, events)
-		}
-		return runAgent(cmd.Context(), cfg, log, newConsoleView(version, events, cs.Refresh, isTerminal(os.Stdin)))
+		return runLoaded(cmd, loader, cfg, lc)
 	}
 	return cmd
+}
+
+// runLoaded runs the agent cfg, which loader loaded, in the view its
+// settings and the terminal call for: the console, or lines.
+func runLoaded(cmd *cobra.Command, loader *config.Agent, cfg agent.Config, lc config.Log) error {
+	cs, err := loader.Console()
+	if err != nil {
+		return withCode(exitUsage, err)
+	}
+	if !cs.Enabled || !isTerminal(os.Stdout) {
+		log := newLogger(lc, os.Stderr)
+		return runAgent(cmd.Context(), cfg, log, newStatusPrinter(cmd.OutOrStdout(), log))
+	}
+	// The console owns the terminal: while stderr is the same terminal,
+	// the log's warnings are shown in it.
+	var events *eventLog
+	log := newLogger(lc, os.Stderr)
+	if isTerminal(os.Stderr) {
+		events = newEventLog(consoleEvents)
+		log = newConsoleLogger(lc, events)
+	}
+	return runAgent(cmd.Context(), cfg, log, newConsoleView(version, events, cs.Refresh, isTerminal(os.Stdin)))
 }
 
 // agentView shows the agent's state while it runs: the console on a
@@ -114,9 +125,9 @@ func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, view agen
 		cfg.Edge = e.Addr("control").String()
 		cfg.CAFile = e.CAFile()
 		view.setNote(fmt.Sprintf("Embedded edge for *.localhost; its CA is %s (curl --cacert %s, or trust it in your browser)", e.CAFile(), e.CAFile()))
-	} else if (cfg.Subdomain != "" || cfg.Hostname != "") && cfg.InstanceID == "" {
+	} else if cfg.AsksName() && cfg.InstanceID == "" {
 		// A restarted agent is the same instance as the one before it
-		// on this machine, and takes its name back at once.
+		// on this machine, and takes its names back at once.
 		if dir, err := os.UserCacheDir(); err == nil {
 			id, kept, release, err := agent.KeepInstance(filepath.Join(dir, "ngstone", "instances"), cfg)
 			if err != nil {
@@ -229,16 +240,25 @@ func (p *statusPrinter) update(s agent.Status) {
 	defer p.mu.Unlock()
 	prev := p.last
 	p.last = s
-	rebound := s.State == agent.StateOnline && (prev.State != agent.StateOnline || s.URL != prev.URL || s.Generation != prev.Generation)
+	rebound := s.State == agent.StateOnline && (prev.State != agent.StateOnline || bindings(s) != bindings(prev))
 	if !rebound && s.State == prev.State && s.Hint == prev.Hint && errClass(s.Err) == errClass(prev.Err) {
 		return
 	}
 	p.logStatus(s)
 	if rebound {
-		for _, u := range s.URLs {
-			fmt.Fprintf(p.w, "Forwarding %s -> %s\n", u, s.Local)
+		for _, e := range s.Endpoints() {
+			fmt.Fprintf(p.w, "Forwarding %s -> %s\n", e.PublicURL, e.Local)
 		}
 	}
+}
+
+// bindings is what s's tunnels hold, to tell a rebind from a repeat.
+func bindings(s agent.Status) string {
+	var b strings.Builder
+	for _, t := range s.Tunnels {
+		fmt.Fprintf(&b, "%s %s %d %s|", t.Name, t.URL, t.Generation, t.State)
+	}
+	return b.String()
 }
 
 // errClass is what tells two causes of a reconnect apart for the log: a

@@ -32,6 +32,8 @@ func TestMain(m *testing.M) {
 	// The agents the tests start keep their instance ids (and the embedded
 	// edge its CA) in a cache of the tests' own, not the user's.
 	os.Setenv("XDG_CACHE_HOME", filepath.Join(dir, "cache"))
+	// Nor do they read the user's settings file (ngstone config's).
+	os.Setenv("XDG_CONFIG_HOME", filepath.Join(dir, "config"))
 	// Built as the Dockerfile builds it: static, trimmed, version stamped.
 	build := exec.Command("go", "build", "-trimpath", "-ldflags", "-X main.version="+testVersion+" -X main.commit="+testCommit, "-o", ngstoneBin, ".")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")

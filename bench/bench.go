@@ -153,7 +153,9 @@ func (b *bench) startEdge() error {
 	} else {
 		args = []string{"edge", "--domain", domain, "--http-addr", b.addrs["http"], "--https-addr", b.addrs["https"],
 			"--control-addr", b.addrs["control"], "--admin-addr", "", "--data-dir", dataDir,
-			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP())}
+			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP()),
+			// The idle phase's agents all come from 127.0.0.1.
+			"--max-agent-conns-per-ip", "0"}
 	}
 	p, err := startProc("edge", b.bin, args, append(env, b.o.childEnv...), filepath.Join(b.dir, "edge.log"))
 	if err != nil {

@@ -79,6 +79,8 @@ func runRole(role string, args []string) int {
 		if *perIP > 0 {
 			cfg.MaxRequestsPerIP = *perIP
 		}
+		// The idle phase's agents all come from 127.0.0.1.
+		cfg.MaxAgentConnsPerIP = 0
 		var e *edge.Edge
 		if e, err = edge.New(cfg, nil); err == nil {
 			err = e.Run(ctx)

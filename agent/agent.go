@@ -234,7 +234,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			bo.reset()
 			attempt = 0
 		}
-		if err := a.wait(ctx, max(bo.next(time.Now()), retryAfter(err)), attempt+1, err); err != nil {
+		if err := a.wait(ctx, retryDelay(&bo, err), attempt+1, err); err != nil {
 			a.setStatus(func(s *Status) { s.State, s.Err = StateStopped, nil })
 			return nil
 		}
@@ -250,6 +250,20 @@ func (a *Agent) finalState(err error) State {
 		return StateFailed
 	}
 	return ""
+}
+
+// retryDelay is the backoff's next delay, or longer if the edge asked for
+// a longer wait (retryAfter), except after a connect that no
+// dial got an answer to: that attempt has already spent its dial timeout
+// sending fresh SYNs into a silent network, which the edge never saw, so
+// the next one starts at once and the agent keeps probing until the
+// network is back (dialStaggered).
+func retryDelay(bo *backoff, err error) time.Duration {
+	d := bo.next(time.Now())
+	if errors.Is(err, errNoAnswer) {
+		return 0
+	}
+	return max(d, retryAfter(err))
 }
 
 // startInspector listens on the inspector's address (or the next free

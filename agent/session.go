@@ -12,7 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/hashicorp/yamux"
+
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -78,13 +79,12 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
-	yc, err := a.cfg.Mux.Yamux(nil)
+	yc, err := a.cfg.Mux.YamuxConn(nc, nil)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	yc.CloseLinger = closeLinger
-	ys, err := yamux.Client(mux.Coalesce(nc), yc)
+	ys, err := yamux.Client(mux.CoalesceWith(nc, mux.CoalesceConfig{WriteTimeout: yc.ConnectionWriteTimeout, Linger: closeLinger}), yc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)
@@ -108,7 +108,10 @@ const closeLinger = time.Second
 // dialTLS dials the edge, with TLS over a batched socket so that a
 // transfer's records leave and arrive in few syscalls (mux.Batched).
 func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error) {
-	raw, err := (&net.Dialer{KeepAlive: 15 * time.Second}).DialContext(ctx, "tcp", addr)
+	d := &net.Dialer{KeepAlive: 15 * time.Second}
+	raw, err := dialStaggered(ctx, redialEvery, maxDials, func(ctx context.Context) (net.Conn, error) {
+		return d.DialContext(ctx, "tcp", addr)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -118,6 +121,68 @@ func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error)
 		return nil, err
 	}
 	return c, nil
+}
+
+// A SYN that gets no answer is sent again after 1s, 3s, 7s…: a dial started
+// while the network is down may wait seconds after it is back. So while no
+// dial has connected, a fresh one starts every redialEvery (at most
+// maxDials in one connect), and the first to connect is taken.
+const (
+	redialEvery = 250 * time.Millisecond
+	maxDials    = 40
+)
+
+// errNoAnswer means no dial got an answer, not even a refusal, before the
+// connect's deadline: the network, or the path to the edge, is silent.
+var errNoAnswer = errors.New("agent: no answer from the edge's address")
+
+// dialStaggered calls dial at once and again every every while none has
+// connected, up to most times, and returns the first connection; the other
+// dials are cancelled and waited for, and any that connect closed. A dial
+// that fails fast (refused, unreachable) ends it with that error.
+func dialStaggered(ctx context.Context, every time.Duration, most int, dial func(context.Context) (net.Conn, error)) (net.Conn, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		c   net.Conn
+		err error
+	}
+	results := make(chan result, most)
+	pending := 0
+	defer func() {
+		cancel()
+		for ; pending > 0; pending-- {
+			if r := <-results; r.c != nil {
+				r.c.Close()
+			}
+		}
+	}()
+	next := time.NewTimer(0)
+	defer next.Stop()
+	for started := 0; ; {
+		select {
+		case <-next.C:
+			started++
+			pending++
+			go func() {
+				c, err := dial(ctx)
+				results <- result{c, err}
+			}()
+			if started < most {
+				next.Reset(every)
+			}
+		case r := <-results:
+			pending--
+			switch {
+			case r.err == nil:
+				return r.c, nil
+			case ctx.Err() == nil:
+				return nil, r.err
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%w: %w", errNoAnswer, context.Cause(ctx))
+		}
+	}
 }
 
 func (c *conn) handshake(deadline time.Time, takeover bool) error {

@@ -87,11 +87,16 @@ func (b *bench) close() {
 	b.agent.stop()
 	b.edge.stop()
 	b.be.close()
-	if b.o.keepTemp {
-		logf("child logs kept in %s", b.dir)
+	removeTemp(b.dir, b.o.keepTemp)
+}
+
+// removeTemp removes the run's temporary directory, unless keep (-keep).
+func removeTemp(dir string, keep bool) {
+	if keep {
+		logf("child logs kept in %s", dir)
 		return
 	}
-	os.RemoveAll(b.dir)
+	os.RemoveAll(dir)
 }
 
 func (b *bench) run() error {
@@ -148,7 +153,9 @@ func (b *bench) startEdge() error {
 	} else {
 		args = []string{"edge", "--domain", domain, "--http-addr", b.addrs["http"], "--https-addr", b.addrs["https"],
 			"--control-addr", b.addrs["control"], "--admin-addr", "", "--data-dir", dataDir,
-			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP())}
+			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP()),
+			// The idle phase's agents all come from 127.0.0.1.
+			"--max-agent-conns-per-ip", "0"}
 	}
 	p, err := startProc("edge", b.bin, args, append(env, b.o.childEnv...), filepath.Join(b.dir, "edge.log"))
 	if err != nil {

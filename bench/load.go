@@ -25,9 +25,23 @@ type backend struct {
 }
 
 func newBackend() *backend {
+	h := backendHandler()
+	b := &backend{plain: httptest.NewUnstartedServer(h), tls: httptest.NewUnstartedServer(h)}
+	b.plain.Start()
+	b.tls.StartTLS()
+	return b
+}
+
+// backendHandler serves /small, /blob?n=N (N bytes) and /sink (counts
+// what is posted).
+func backendHandler() http.Handler {
 	h := http.NewServeMux()
 	h.HandleFunc("GET /small", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
+		if r.URL.Query().Has("at") {
+			// When the request arrived, for the WAN bench's two legs.
+			w.Header().Set("Bench-At", strconv.FormatInt(time.Now().UnixNano(), 10))
+		}
 		w.Write(smallBody)
 	})
 	h.HandleFunc("GET /blob", func(w http.ResponseWriter, r *http.Request) {
@@ -47,10 +61,7 @@ func newBackend() *backend {
 		n, _ := io.CopyBuffer(io.Discard, r.Body, buf)
 		io.WriteString(w, strconv.FormatInt(n, 10))
 	})
-	b := &backend{plain: httptest.NewUnstartedServer(h), tls: httptest.NewUnstartedServer(h)}
-	b.plain.Start()
-	b.tls.StartTLS()
-	return b
+	return h
 }
 
 func (b *backend) close() {
@@ -64,11 +75,18 @@ type target struct {
 	base string // scheme://127.0.0.1:PORT
 	host string // the Host header (and TLS server name)
 	tls  *tls.Config
+	// dial, when set, makes the visitor's connections (in a network
+	// namespace of the WAN bench).
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 func (t target) client(conns int) *http.Client {
+	dial := t.dial
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 5 * time.Second}).DialContext
+	}
 	tr := &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		DialContext:         dial,
 		TLSClientConfig:     t.tls,
 		MaxIdleConns:        conns,
 		MaxIdleConnsPerHost: conns,

@@ -10,6 +10,8 @@
 //	go run ./bench -self -window 262144 -profile /tmp/prof -phases get
 //	go run ./bench -frp /tmp/frp -floor  # also frp, and two bare TCP relays
 //	go run ./bench -muxfloor             # also two relays over ngstone's TLS+yamux link
+//	go run ./bench -wan -frp /tmp/frp    # over emulated WAN links (root), frp beside
+//	go run ./bench -wan -windows 1M,4M -wanphases xfer,behind  # stream windows against each other
 //	go run ./bench -wrk wrk -phases get  # plain HTTP small GETs sent by wrk
 //
 // It prints a Markdown table on stdout and its progress on stderr.
@@ -24,6 +26,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ngstone/ngstone/internal/wan"
 )
 
 type options struct {
@@ -50,6 +54,17 @@ type options struct {
 	contention bool
 	wrk        string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
 	wrkT       int    // wrk's threads
+
+	// The WAN bench (wan.go).
+	wan           bool
+	wanProfiles   []wan.Profile
+	windows       []uint
+	wanPhases     map[string]bool
+	wanSize       int64
+	wanXfers      int
+	blackhole     time.Duration
+	blackholes    int
+	outageProfile string
 }
 
 func main() {
@@ -58,6 +73,13 @@ func main() {
 	}
 	o := parseFlags()
 	raiseNoFile()
+	if o.wan {
+		if err := runWAN(o); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	b, err := newBench(o)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
@@ -85,7 +107,7 @@ func parseFlags() options {
 	flag.IntVar(&o.resets, "resets", 10, "connection resets (median)")
 	flag.IntVar(&o.outages, "outages", 10, "edge outages (median)")
 	flag.DurationVar(&o.outage, "outage", 3*time.Second, "length of each edge outage")
-	flag.StringVar(&o.bin, "ngstone", "", "ngstone binary to run (default: build ./cmd/ngstone into a temporary directory)")
+	flag.StringVar(&o.bin, "ngstone", "", "ngstone binary to run (default: build ./cmd/ngstone into a temporary directory); with -wan, several separated by commas are measured side by side")
 	flag.BoolVar(&o.self, "self", false, "run the edge and agent from this binary (same packages), which allows -window and -profile")
 	flag.UintVar(&o.window, "window", 0, "yamux stream window in bytes for -self (0: the mux default)")
 	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
@@ -94,6 +116,15 @@ func parseFlags() options {
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
 	flag.BoolVar(&o.muxFloor, "muxfloor", false, "also measure the mux floor: two relay processes with ngstone's TLS and yamux link between them, a stream per visitor connection, no HTTP (GET and transfer phases)")
+	flag.BoolVar(&o.wan, "wan", false, "run the WAN bench instead: edge and agent in two network namespaces joined by an emulated link (root)")
+	profiles := flag.String("profiles", profileNames(), "WAN: the links to measure over")
+	windows := flag.String("windows", "", "WAN: run the bench binary as edge and agent once for each of these stream windows (e.g. 1M,4M) instead of ngstone's default")
+	wanPhases := flag.String("wanphases", "xfer,behind,outage", "WAN: phases to run")
+	wanSize := flag.Int("wansize", 20, "WAN: transfer size in MiB")
+	flag.IntVar(&o.wanXfers, "wanxfers", 3, "WAN: transfers per direction (median)")
+	flag.DurationVar(&o.blackhole, "blackhole", 30*time.Second, "WAN: length of each black-hole of the link")
+	flag.IntVar(&o.blackholes, "blackholes", 5, "WAN: black-holes per tunnel (median)")
+	flag.StringVar(&o.outageProfile, "outageprofile", "50ms", "WAN: the link the outage phase runs over")
 	flag.BoolVar(&o.contention, "contention", false, "with -profile: also write mutex and block profiles of the edge and agent (DIR/ROLE-mutex.pprof, -block.pprof); their sampling costs CPU")
 	flag.StringVar(&o.wrk, "wrk", "", "send the plain HTTP small GETs with this wrk binary (e.g. wrk, from PATH) instead of the bench's own Go visitors, which share the cores with what they measure")
 	flag.IntVar(&o.wrkT, "wrkthreads", 1, "wrk's threads with -wrk")
@@ -127,7 +158,52 @@ func parseFlags() options {
 	if o.profile != "" {
 		o.self = true
 	}
+	o.wanSize = int64(*wanSize) << 20
+	o.wanPhases = map[string]bool{}
+	for _, p := range strings.Split(*wanPhases, ",") {
+		o.wanPhases[strings.TrimSpace(p)] = true
+	}
+	for _, name := range strings.Split(*profiles, ",") {
+		p, ok := wan.ProfileByName(strings.TrimSpace(name))
+		if !ok {
+			fmt.Fprintf(os.Stderr, "bench: -profiles: no profile %q (%s)\n", name, profileNames())
+			os.Exit(2)
+		}
+		o.wanProfiles = append(o.wanProfiles, p)
+	}
+	for _, w := range strings.Split(*windows, ",") {
+		if w = strings.TrimSpace(w); w == "" {
+			continue
+		}
+		n, err := parseSize(w)
+		if err != nil || n < 256<<10 {
+			fmt.Fprintf(os.Stderr, "bench: -windows %q: want sizes of at least 256K (e.g. 1M,4M)\n", w)
+			os.Exit(2)
+		}
+		o.windows = append(o.windows, n)
+	}
 	return o
+}
+
+func profileNames() string {
+	var names []string
+	for _, p := range wan.Profiles {
+		names = append(names, p.Name)
+	}
+	return strings.Join(names, ",")
+}
+
+// parseSize reads a byte count with an optional K or M suffix (KiB, MiB).
+func parseSize(s string) (uint, error) {
+	mult := uint(1)
+	switch {
+	case strings.HasSuffix(s, "K"):
+		mult, s = 1<<10, strings.TrimSuffix(s, "K")
+	case strings.HasSuffix(s, "M"):
+		mult, s = 1<<20, strings.TrimSuffix(s, "M")
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	return uint(n) * mult, err
 }
 
 // build compiles the ngstone binary into dir.

@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/hashicorp/yamux"
+
 	"github.com/ngstone/ngstone/certs"
-	"github.com/ngstone/ngstone/internal/yamux"
 	"github.com/ngstone/ngstone/mux"
 )
 

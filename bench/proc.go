@@ -25,11 +25,15 @@ type proc struct {
 }
 
 func startProc(name, bin string, args, env []string, logPath string) (*proc, error) {
+	return startCmd(name, exec.Command(bin, args...), env, logPath)
+}
+
+// startCmd starts cmd (its output to logPath, env added to this process's).
+func startCmd(name string, cmd *exec.Cmd, env []string, logPath string) (*proc, error) {
 	log, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = append(os.Environ(), env...)
 	if err := cmd.Start(); err != nil {

@@ -36,6 +36,7 @@ func runRole(role string, args []string) int {
 	dataDir := fs.String("data-dir", "", "edge: data dir")
 	edgeAddr := fs.String("edge", "", "agent: edge control address")
 	caFile := fs.String("ca-file", "", "agent: CA file")
+	serverName := fs.String("server-name", "", "agent: the name the edge's certificate must match")
 	local := fs.String("local", "", "agent: local service")
 	sub := fs.String("subdomain", "", "agent: subdomain")
 	protocol := fs.String("upstream-protocol", "", "agent: http1 or http2 to the local service")
@@ -78,13 +79,15 @@ func runRole(role string, args []string) int {
 		if *perIP > 0 {
 			cfg.MaxRequestsPerIP = *perIP
 		}
+		// The idle phase's agents all come from 127.0.0.1.
+		cfg.MaxAgentConnsPerIP = 0
 		var e *edge.Edge
 		if e, err = edge.New(cfg, nil); err == nil {
 			err = e.Run(ctx)
 		}
 	case "agent":
 		cfg := agent.DefaultConfig()
-		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain = *edgeAddr, *caFile, *local, *sub
+		cfg.Edge, cfg.CAFile, cfg.Local, cfg.Subdomain, cfg.ServerName = *edgeAddr, *caFile, *local, *sub, *serverName
 		if *protocol != "" {
 			cfg.UpstreamProtocol = *protocol
 		}

@@ -100,6 +100,10 @@ type limitConn struct {
 	closed  sync.Once
 }
 
+// NetConn returns the connection beneath, so that mux can tune its socket
+// (the agent link's unsent limit).
+func (c *limitConn) NetConn() net.Conn { return c.Conn }
+
 // count takes the count of c's address, once; false if it was at its bound
 // (c is then closed).
 func (c *limitConn) count() bool {

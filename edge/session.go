@@ -12,7 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ngstone/ngstone/internal/yamux"
+	"github.com/hashicorp/yamux"
+
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
 )
@@ -143,7 +144,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 			return nil, fmt.Errorf("tls handshake: %w", err)
 		}
 	}
-	yc, err := e.cfg.Mux.Yamux(nil)
+	yc, err := e.cfg.Mux.YamuxConn(c, nil)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package mux
 
 import (
 	"context"
+	"runtime/debug"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -128,23 +129,34 @@ func TestTrackerConcurrent(t *testing.T) {
 	})
 }
 
+// TestBufferPool: Get always returns a 32 KiB buffer, whatever was put
+// back: a buffer re-sliced shorter comes back whole, and one of another
+// capacity is not kept. The pool is drained first, so what Get returns
+// after a Put is what was put.
 func TestBufferPool(t *testing.T) {
 	var p BufferPool
-	b := p.Get()
-	if len(b) != 32<<10 {
-		t.Fatalf("buffer of %d bytes, want 32 KiB", len(b))
-	}
-	p.Put(b)
-	if len(p.Get()) != 32<<10 {
-		t.Fatal("recycled buffer has the wrong size")
-	}
-	// A buffer of another size (a caller's own) is not pooled: it would
-	// come back as too short a buffer, or not convert.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1)) // the pool keeps what is put until a collection
+	// A buffer of Get's, put back resliced short, comes back whole.
+	short := p.Get()[:10]
+	short[0] = 'x'
+	p.Put(short)
+	// Buffers of other sizes (a caller's own) are not pooled: a short one
+	// would not convert, a larger one would pin its array.
 	p.Put(make([]byte, 10))
-	p.Put(make([]byte, 32<<10, 64<<10)[:100])
-	for range 4 {
-		if len(p.Get()) != 32<<10 {
-			t.Fatal("a buffer of another size came back")
+	big := make([]byte, 32<<10, 64<<10)
+	p.Put(big[:100])
+	var sawShort bool
+	for range 64 {
+		b := p.Get()
+		if len(b) != 32<<10 || cap(b) != 32<<10 {
+			t.Fatalf("buffer of %d bytes (capacity %d), want 32 KiB", len(b), cap(b))
 		}
+		if &b[0] == &big[0] {
+			t.Fatal("Get returned a buffer of another capacity that was put back")
+		}
+		sawShort = sawShort || &b[0] == &short[0]
+	}
+	if !sawShort && !raceEnabled {
+		t.Error("a buffer of Get's, put back resliced, was not pooled")
 	}
 }

@@ -155,6 +155,8 @@ var forwarding = regexp.MustCompile(`^Forwarding (https?)://([a-z0-9-]+)\.localh
 // exits 0.
 func TestEmbeddedDefault(t *testing.T) {
 	release := make(chan struct{})
+	var releaseOnce sync.Once
+	unblock := func() { releaseOnce.Do(func() { close(release) }) }
 	entered := make(chan struct{}, 1)
 	_, port := backend(t, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
@@ -163,6 +165,9 @@ func TestEmbeddedDefault(t *testing.T) {
 		}
 		io.WriteString(w, "hello from "+r.Host)
 	})
+	// Registered after the backend, so it runs before the backend's Close,
+	// which waits for the /slow handler: a failed test must not hang.
+	t.Cleanup(unblock)
 	cache := t.TempDir()
 	p := startProc(t, []string{"XDG_CACHE_HOME=" + cache, "HOME=" + cache}, "http", port)
 	m := p.waitLine(t, forwarding)
@@ -201,14 +206,35 @@ func TestEmbeddedDefault(t *testing.T) {
 	}()
 	<-entered
 	p.cmd.Process.Signal(syscall.SIGINT)
-	time.Sleep(200 * time.Millisecond) // let the unbind happen while the request is in flight
-	close(release)
+	// The unbind happens while the request is in flight: the edge stops
+	// routing the name (a new request is told tunnel_not_found) before the
+	// request may finish.
+	deadline := time.Now().Add(20 * time.Second)
+	for !unbound(c, "https://"+name+".localhost:"+httpsPort+"/") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the edge still routes %s 20s after Ctrl-C; stderr:\n%s", name, p.stderrText())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	unblock()
 	if err := <-done; err != nil || code != 200 {
 		t.Fatalf("in-flight request across Ctrl-C: %d %v", code, err)
 	}
 	if c := p.exitCode(t); c != 0 {
 		t.Fatalf("exit code %d after Ctrl-C", c)
 	}
+}
+
+// unbound reports whether the edge answers u with tunnel_not_found: the
+// agent has unbound its name.
+func unbound(c *http.Client, u string) bool {
+	resp, err := c.Get(u)
+	if err != nil {
+		return false
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusNotFound && resp.Header.Get("Ngstone-Error") == "tunnel_not_found"
 }
 
 // TestEdgeAndAgentProcesses: the two-terminal flow of the README, and the

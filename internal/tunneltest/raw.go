@@ -10,10 +10,10 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// RawSession is a hand-driven agent session for protocol-level tests. It
-// runs the upstream yamux module, not ngstone's copy in internal/yamux, so
-// that every test with a raw agent also checks that an edge speaks
-// upstream's protocol.
+// RawSession is a hand-driven agent session for protocol-level tests: the
+// yamux module over plain TLS, without ngstone's coalescing connection, so
+// that every test with a raw agent also checks that an edge speaks yamux
+// to a peer that writes frames as yamux does.
 type RawSession struct {
 	YS   *yamux.Session
 	Ctrl *yamux.Stream

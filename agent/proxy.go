@@ -308,8 +308,12 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 // ended counts, logs and keeps the exchange once it is over.
 func (a *Agent) ended(x *exchange, r *http.Request) {
 	path := r.URL.RequestURI() // once for all three
-	a.stats.closed(Request{Start: x.start, Method: r.Method, Path: path,
-		Status: int(x.status.Load()), Code: x.errCode(), Duration: time.Since(x.start)})
+	req := Request{Start: x.start, Method: r.Method, Path: path,
+		Status: int(x.status.Load()), Code: x.errCode(), Duration: time.Since(x.start)}
+	if x.t != nil && len(a.tunnels) > 1 {
+		req.Tunnel = x.t.name
+	}
+	a.stats.closed(req)
 	if a.cfg.LogRequests {
 		a.logRequest(x, r, path)
 	}

@@ -31,7 +31,8 @@ type Request struct {
 	Status   int    // 0: none, the exchange broke
 	Code     string // the agent's own error code when it answered itself
 	Duration time.Duration
-	Replay   bool // sent by the inspector, not through the tunnel
+	Replay   bool   // sent by the inspector, not through the tunnel
+	Tunnel   string // the tunnel's name, when the agent has several
 }
 
 // Stats is a snapshot of the agent's connections.

@@ -352,7 +352,11 @@ func (m *consoleModel) requests(n int) []string {
 		if r.Replay {
 			method = "↻ " + method
 		}
-		path := ansi.Truncate(r.Path, max(10, m.width-labelWidth-40), "…")
+		path := r.Path
+		if r.Tunnel != "" {
+			path = r.Tunnel + ": " + path
+		}
+		path = ansi.Truncate(path, max(10, m.width-labelWidth-40), "…")
 		out = append(out, fmt.Sprintf("%-14s%-8s%-*s%s %s",
 			r.Start.Format("15:04:05.000"), method, max(10, m.width-labelWidth-40)+2, path,
 			lipgloss.NewStyle().Foreground(statusColor(r.Status)).Render(fmt.Sprintf("%-28s", status)), fmtDuration(r.Duration)))

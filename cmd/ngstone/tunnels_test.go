@@ -260,3 +260,30 @@ func TestStartBadEntries(t *testing.T) {
 		t.Errorf("start with no name: exit %d %q", code, errOut)
 	}
 }
+
+// TestStartConsole: `ngstone start --all` on a terminal (tmux, 120x40):
+// a Forwarding line per tunnel, a Refused line for the one the edge will
+// not give (a reserved name), and each request line naming its tunnel.
+func TestStartConsole(t *testing.T) {
+	data := t.TempDir()
+	ports := freePorts(t, 3)
+	startProc(t, nil, edgeArgs(data, ports, "--reserved-names", "docs")...)
+	waitHealthy(t, "127.0.0.1:"+ports[2])
+	file := threeTunnelFile(t, ports[1], filepath.Join(data, "ca.pem"))
+	pane := startTmux(t, 120, 40, "start", "--all", "--config", file, "--inspect=false", "--console-refresh", "100ms")
+	screen := pane.waitScreen(t, "two tunnels online, one refused", func(s string) bool {
+		return strings.Contains(s, "Forwarding                    shop: http://shop.ngstone.test:"+ports[0]+" -> ") &&
+			strings.Contains(s, "Forwarding                    web: http://web.ngstone.test:"+ports[0]+" -> ") &&
+			strings.Contains(s, "Refused                       docs: reserved_name")
+	})
+	pane.snapshot(t, tunneltest.ArtifactDir(t), "start-all", screen)
+	if !serves(t, "127.0.0.1:"+ports[0], "shop", "shop") {
+		t.Fatal("shop does not serve")
+	}
+	pane.waitScreen(t, "the request line naming its tunnel", func(s string) bool {
+		return regexp.MustCompile(`\d\d:\d\d:\d\d\.\d{3}  GET     shop: / +200`).MatchString(s)
+	})
+	if dead, _ := pane.exit(t); dead {
+		t.Fatal("the agent exited with two tunnels online")
+	}
+}

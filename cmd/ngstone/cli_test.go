@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -280,22 +282,42 @@ func TestEdgeAndAgentProcesses(t *testing.T) {
 
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	var out []string
 	var lns []net.Listener
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	for try := 0; len(out) < n; try++ {
+		if try == 10000 {
+			t.Fatalf("no %d free loopback ports below the ephemeral range", n)
 		}
+		p := portsFrom + rand.IntN(portsTo-portsFrom)
+		if handedOut[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			continue
+		}
+		handedOut[p] = true
 		lns = append(lns, ln)
-		_, p, _ := net.SplitHostPort(ln.Addr().String())
-		out = append(out, p)
+		out = append(out, strconv.Itoa(p))
 	}
 	for _, ln := range lns {
 		ln.Close()
 	}
 	return out
 }
+
+// freePorts hands out ports below the kernel's ephemeral range (32768 and
+// up by default), so that no test's outgoing connection takes one as its
+// source port between the check and the process that listens on it, and
+// never the same one twice in this process.
+const portsFrom, portsTo = 20000, 32000
+
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
 
 func waitHealthy(t *testing.T, admin string) {
 	t.Helper()

@@ -342,10 +342,19 @@ func (p *tmuxPane) pid(t *testing.T) int {
 }
 
 // exit reports whether the program has exited, and its exit status.
+// exit reports whether the pane's process has exited, and its code. A
+// pane tmux has just seen die may not show its status yet: that is waited
+// for, a few seconds at most.
 func (p *tmuxPane) exit(t *testing.T) (bool, int) {
-	var dead, code int
-	fmt.Sscan(p.format(t, "#{pane_dead} #{pane_dead_status}"), &dead, &code)
-	return dead == 1, code
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var dead, code int
+		n, _ := fmt.Sscan(p.format(t, "#{pane_dead} #{pane_dead_status}"), &dead, &code)
+		if dead != 1 || n == 2 || time.Now().After(deadline) {
+			return dead == 1, code
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 func (p *tmuxPane) waitScreen(t *testing.T, what string, ok func(string) bool) string {

@@ -31,53 +31,37 @@ import (
 func strayServer(t *testing.T, mode string, later time.Duration) (addr string, closed <-chan struct{}) {
 	t.Helper()
 	gone := make(chan struct{}, 1000)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	return serveConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
+				gone <- struct{}{}
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						gone <- struct{}{}
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					secret := req.Header.Get("X-Secret")
-					stray := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
-					var resp string
-					switch mode {
-					case "HEAD":
-						resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(stray))
-					case "204":
-						resp = "HTTP/1.1 204 No Content\r\n\r\n"
-					case "304":
-						resp = "HTTP/1.1 304 Not Modified\r\n\r\n"
-					default:
-						resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
-					}
-					if later == 0 {
-						io.WriteString(c, resp+stray)
-						continue
-					}
-					io.WriteString(c, resp)
-					time.Sleep(later)
-					io.WriteString(c, stray)
-				}
-			})
+			io.Copy(io.Discard, req.Body)
+			secret := req.Header.Get("X-Secret")
+			stray := fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
+			var resp string
+			switch mode {
+			case "HEAD":
+				resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n", len(stray))
+			case "204":
+				resp = "HTTP/1.1 204 No Content\r\n\r\n"
+			case "304":
+				resp = "HTTP/1.1 304 Not Modified\r\n\r\n"
+			default:
+				resp = fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(secret), secret)
+			}
+			if later == 0 {
+				io.WriteString(c, resp+stray)
+				continue
+			}
+			io.WriteString(c, resp)
+			time.Sleep(later)
+			io.WriteString(c, stray)
 		}
-	})
-	return ln.Addr().String(), gone
+	}), gone
 }
 
 // TestStrayBytesNeverCrossVisitors: whatever a local service writes after
@@ -220,6 +204,19 @@ func TestSlowUploads(t *testing.T) {
 // closes the connection.
 func rawLocal(t *testing.T, replies map[string]string) string {
 	t.Helper()
+	return serveConns(t, func(c net.Conn) {
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		io.WriteString(c, replies[req.URL.Path])
+	})
+}
+
+// serveConns serves each connection to a loopback listener with serve
+// (closing it after), until the test ends, and returns its address.
+func serveConns(t *testing.T, serve func(net.Conn)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -234,11 +231,7 @@ func rawLocal(t *testing.T, replies map[string]string) string {
 			}
 			wg.Go(func() {
 				defer c.Close()
-				req, err := http.ReadRequest(bufio.NewReader(c))
-				if err != nil {
-					return
-				}
-				io.WriteString(c, replies[req.URL.Path])
+				serve(c)
 			})
 		}
 	})

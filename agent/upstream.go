@@ -65,20 +65,29 @@ type localFailures struct {
 	unsaid int
 }
 
-// strayBytes warns, at most once every localWarnEvery, of a connection to
-// the local service that received bytes nobody asked for.
-func (t *tunnel) strayBytes() {
-	f := &t.strays
+// due reports whether a warning may be logged now (at most once every
+// localWarnEvery) and how many were not since the last one; one that may
+// not is counted.
+func (f *localFailures) due() (unsaid int, ok bool) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	now := time.Now()
 	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
 		f.unsaid++
-		f.mu.Unlock()
+		return 0, false
+	}
+	unsaid = f.unsaid
+	f.last, f.unsaid = now, 0
+	return unsaid, true
+}
+
+// strayBytes warns, at most once every localWarnEvery, of a connection to
+// the local service that received bytes nobody asked for.
+func (t *tunnel) strayBytes() {
+	unsaid, due := t.strays.due()
+	if !due {
 		return
 	}
-	unsaid := f.unsaid
-	f.last, f.unsaid = now, 0
-	f.mu.Unlock()
 	t.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
 		"local", t.local.String(), "times_not_logged", unsaid)
 }
@@ -86,17 +95,10 @@ func (t *tunnel) strayBytes() {
 // localFailed logs a request the local service failed, as a warning with a
 // hint at the likely fix, at most once every localWarnEvery.
 func (t *tunnel) localFailed(code string, err error) {
-	f := &t.failures
-	f.mu.Lock()
-	now := time.Now()
-	if !f.last.IsZero() && now.Sub(f.last) < localWarnEvery {
-		f.unsaid++
-		f.mu.Unlock()
+	unsaid, due := t.failures.due()
+	if !due {
 		return
 	}
-	unsaid := f.unsaid
-	f.last, f.unsaid = now, 0
-	f.mu.Unlock()
 	args := []any{"code", code, "local", t.local.String(), "err", err}
 	if hint := localHint(t.local, code, err); hint != "" {
 		args = append(args, "hint", hint)

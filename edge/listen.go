@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -155,13 +156,16 @@ func (v *visitorServer) handshake(raw net.Conn) {
 	if c.ConnectionState().NegotiatedProtocol != "h2" {
 		conn = &taggedConn{Conn: c, tls: c, m: v.e.metrics}
 	}
-	if _, ok := conn.(*taggedConn); ok {
-		v.fresh1(conn, true) // before the server has it: the drain waits for it
+	tc, _ := conn.(*taggedConn)
+	if tc != nil {
+		v.fresh1(tc, true) // before the server has it: the drain waits for it
 	}
 	select {
 	case v.conns <- conn:
 	case <-v.done:
-		v.fresh1(conn, false)
+		if tc != nil {
+			v.fresh1(tc, false)
+		}
 		c.Close()
 	}
 }
@@ -207,15 +211,17 @@ func (v *visitorServer) shutdown(ctx context.Context) error {
 // request read. HTTP/2 ones (the *tls.Conn the server is given) are left
 // out: Shutdown's GOAWAY tells their clients which streams it took.
 func (v *visitorServer) connState(c net.Conn, st http.ConnState) {
-	if _, ok := c.(*taggedConn); !ok {
-		return
+	if tc, ok := c.(*taggedConn); ok {
+		v.fresh1(tc, st == http.StateNew)
 	}
-	v.fresh1(c, st == http.StateNew)
 }
 
 // fresh1 records that c waits for its first request to be read (or no
 // longer does).
-func (v *visitorServer) fresh1(c net.Conn, waits bool) {
+func (v *visitorServer) fresh1(c *taggedConn, waits bool) {
+	if c.fresh.Swap(waits) == waits {
+		return // no change: a later request's state, or a second report
+	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	if waits {
@@ -326,6 +332,9 @@ type taggedConn struct {
 	net.Conn
 	tls *tls.Conn // the TLS connection under it, on the HTTPS listener
 	m   *metrics
+	// fresh: its first request is not read yet (visitorServer.fresh), so
+	// that the states of the requests after it cost no lock.
+	fresh atomic.Bool
 }
 
 var internalErrorHead = []byte("\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n")

@@ -104,12 +104,8 @@ func (e *Edge) refuseBanned(ctx context.Context, c net.Conn, until time.Time) {
 	deadline := time.Now().Add(e.cfg.HelloTimeout)
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if tc, ok := c.(interface {
-		HandshakeContext(context.Context) error
-	}); ok {
-		if err := tc.HandshakeContext(hctx); err != nil {
-			return
-		}
+	if err := handshake(hctx, c); err != nil {
+		return
 	}
 	yc, err := e.cfg.Mux.Yamux(nil)
 	if err != nil {
@@ -131,18 +127,24 @@ func (e *Edge) refuseBanned(ctx context.Context, c net.Conn, until time.Time) {
 		Message: fmt.Sprintf("this address made too many hellos with a token the edge does not accept; it is refused until %s (in %s): check --authtoken", until.UTC().Format(time.TimeOnly), wait)})
 }
 
+// handshake runs c's TLS handshake within ctx, when c is a TLS connection.
+func handshake(ctx context.Context, c net.Conn) error {
+	if tc, ok := c.(interface {
+		HandshakeContext(context.Context) error
+	}); ok {
+		return tc.HandshakeContext(ctx)
+	}
+	return nil
+}
+
 // openSession runs the TLS handshake, the yamux server and the hello, all
 // within HelloTimeout.
 func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	deadline := time.Now().Add(e.cfg.HelloTimeout)
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if tc, ok := c.(interface {
-		HandshakeContext(context.Context) error
-	}); ok {
-		if err := tc.HandshakeContext(hctx); err != nil {
-			return nil, fmt.Errorf("tls handshake: %w", err)
-		}
+	if err := handshake(hctx, c); err != nil {
+		return nil, fmt.Errorf("tls handshake: %w", err)
 	}
 	yc, err := e.cfg.Mux.YamuxConn(c, nil)
 	if err != nil {

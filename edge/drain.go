@@ -26,21 +26,11 @@ const maxDrained = 4096
 // drain takes the accept queue's connections, for Accept to hand out
 // once the listener is closed.
 func (l *drainingListener) drain() {
+	conns := acceptQueued(l.Listener, maxDrained)
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	// Until a round finds the queue empty: handshakes completing as it
-	// is read land in it too.
-	for range drainRounds {
-		conns := acceptQueued(l.Listener, maxDrained-len(l.left))
-		l.left = append(l.left, conns...)
-		if len(conns) == 0 {
-			return
-		}
-	}
+	l.left = append(l.left, conns...)
+	l.mu.Unlock()
 }
-
-// drainRounds bounds the reads of the accept queue at close.
-const drainRounds = 16
 
 func (l *drainingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()

@@ -4,10 +4,12 @@ import (
 	"net"
 	"os"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
-// acceptQueued accepts, without waiting, up to max connections the
-// kernel has queued on ln.
+// acceptQueued stops ln's socket from completing handshakes and accepts,
+// without waiting, up to max connections the kernel has queued on it.
 func acceptQueued(ln net.Listener, max int) []net.Conn {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
@@ -19,6 +21,11 @@ func acceptQueued(ln net.Listener, max int) []net.Conn {
 	}
 	var fds []int
 	rc.Control(func(fd uintptr) {
+		// Refuse new handshakes first (a filter that drops every packet
+		// on the listening socket: their SYNs are retried, to find it
+		// closed), so that the queue read below is all there will be.
+		drop := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+		unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: 1, Filter: &drop[0]})
 		for len(fds) < max {
 			nfd, _, err := syscall.Accept4(int(fd), syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC)
 			if err == syscall.EINTR {

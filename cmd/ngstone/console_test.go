@@ -269,6 +269,7 @@ func TestConsoleOffATerminal(t *testing.T) {
 // tmuxPane is one program in the pane of a tmux server of the test's own.
 type tmuxPane struct {
 	bin, sock string
+	code      string // the file the pane's shell writes the program's exit status to
 }
 
 // startTmux runs ngstone with args in a width x height pane; the pane stays
@@ -292,7 +293,10 @@ func startTmux(t *testing.T, width, height int, args ...string) *tmuxPane {
 	for _, a := range args {
 		cmdline += " " + shellQuote(a)
 	}
-	cmdline += "; exit $?"
+	// The status is kept by the shell too: tmux has shown a dead pane's
+	// status as 0 or not at all under load.
+	p.code = filepath.Join(dir, "code")
+	cmdline += "; c=$?; echo $c > " + shellQuote(p.code) + "; exit $c"
 	if out, err := exec.Command(p.bin, "-S", p.sock, "-f", conf, "new-session", "-d", "-x", strconv.Itoa(width), "-y", strconv.Itoa(height), "-s", "t", cmdline).CombinedOutput(); err != nil {
 		t.Fatalf("tmux: %v: %s", err, out)
 	}
@@ -341,17 +345,24 @@ func (p *tmuxPane) pid(t *testing.T) int {
 	return n
 }
 
-// exit reports whether the program has exited, and its exit status.
-// exit reports whether the pane's process has exited, and its code. A
-// pane tmux has just seen die may not show its status yet: that is waited
-// for, a few seconds at most.
+// exit reports whether the program has exited, and its exit status, as
+// the pane's shell wrote it; a dead pane's file is waited for, a few
+// seconds at most.
 func (p *tmuxPane) exit(t *testing.T) (bool, int) {
+	var dead int
+	fmt.Sscan(p.format(t, "#{pane_dead}"), &dead)
+	if dead != 1 {
+		return false, 0
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		var dead, code int
-		n, _ := fmt.Sscan(p.format(t, "#{pane_dead} #{pane_dead_status}"), &dead, &code)
-		if dead != 1 || n == 2 || time.Now().After(deadline) {
-			return dead == 1, code
+		b, _ := os.ReadFile(p.code)
+		code, err := strconv.Atoi(strings.TrimSpace(string(b)))
+		if err == nil {
+			return true, code
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pane is dead but its shell wrote no exit status (%q)", b)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

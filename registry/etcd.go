@@ -480,9 +480,13 @@ func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
 	return len(kvs) == 1 && kvs[0].ModRevision == rev
 }
 
-// Release deletes hostname while sessionID at generation owns it. After a
-// delete whose answer did not settle it (lost, or its hedge's), a hostname
-// found gone counts as released.
+// Release deletes hostname while sessionID at generation owns it. The
+// delete is sent once per attempt, not hedged: a compare that failed is
+// then this call's own answer (another Release of the same binding won, or
+// a bind replaced it), so two callers never both report the deletion.
+// Only after a delete whose answer was lost does a hostname found gone
+// count as released by this call. Releases are off every visitor's path,
+// so a hung member costs them a call timeout, not a hedge.
 func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	if generation > math.MaxInt64 {
 		return false, nil
@@ -504,17 +508,26 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		if err != nil || old.SessionID != sessionID {
 			return false, err
 		}
-		tr, err := s.txn(ctx, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", gen)},
-			[]clientv3.Op{clientv3.OpDelete(key)}, nil))
-		switch {
+		del := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", gen)},
+			[]clientv3.Op{clientv3.OpDelete(key)}, nil)
+		var out clientv3.OpResponse
+		err = s.once(ctx, func(ctx context.Context) (err error) {
+			out, err = s.cli.Do(ctx, del)
+			return err
+		})
+		switch tr := out.Txn(); {
 		case err != nil && !transient(err):
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 		case err == nil && tr.Succeeded:
 			s.applyLocal(hostname, nil, tr.Header.Revision)
 			return true, nil
+		case err != nil:
+			// Applied or not: read, and resend only while it stands.
+			sent = true
 		}
-		// Applied or not, by this copy or by its hedge: read, never resend.
-		sent = true
+		if ctx.Err() != nil {
+			return false, fmt.Errorf("registry: release %s: %w", hostname, ctx.Err())
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ngstone/ngstone/registry"
@@ -50,6 +51,7 @@ func testStore(t *testing.T, newStore newStoreFunc) {
 		"ListSortedByHostname":             testList,
 		"EmptyHostnameRefused":             testEmptyHostname,
 		"SameInstanceRaceEndsWithLaterOne": testSameInstanceRace,
+		"ReleaseRaceReportsOneDeletion":    testReleaseRace,
 		"RandomizedConcurrency":            testRandomized,
 	}
 	for name, fn := range tests {
@@ -415,5 +417,41 @@ func testSameInstanceRace(t *testing.T, newStore newStoreFunc) {
 		}
 		mustPrevious(t, late, early.Binding)
 		mustOwn(t, s, late.Binding)
+	}
+}
+
+// testReleaseRace releases one binding from several callers at once (a
+// session's cleanup beside a bind that found its session closed): exactly
+// one of them reports the deletion, however the store settles the race.
+func testReleaseRace(t *testing.T, newStore newStoreFunc) {
+	s := newStore(t, newLiveness())
+	const rounds, callers = 50, 3
+	for r := range rounds {
+		c := claim(instA, uint64(r+1))
+		c.Hostname = fmt.Sprintf("release%d.example.com", r)
+		b := mustBind(t, s, c, registry.Created).Binding
+		var deleted atomic.Int32
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range callers {
+			wg.Go(func() {
+				<-start
+				ok, err := s.Release(context.Background(), b.Hostname, b.SessionID, b.Generation)
+				if err != nil {
+					t.Errorf("round %d: Release: %v", r, err)
+				}
+				if ok {
+					deleted.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := deleted.Load(); n != 1 {
+			t.Fatalf("round %d: %d of %d concurrent Releases of %s at generation %d reported the deletion, want 1", r, n, callers, b.Hostname, b.Generation)
+		}
+		if got, ok := get(t, s, b.Hostname); ok {
+			t.Fatalf("round %d: released hostname still bound to %+v", r, got)
+		}
 	}
 }

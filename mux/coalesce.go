@@ -25,8 +25,9 @@ import (
 // is not queued behind a download's backlog. A stream's frames keep their
 // order. Each write takes all the first frames and a chunk of bulk, sized
 // so that a write takes about chunkTime: over a slow link, a frame that
-// comes while one is written waits for little more than a chunk, and the
-// socket beneath holds no more unsent bytes than a chunk.
+// comes while one is written waits for little more than a chunk. The
+// socket beneath holds no more unsent bytes than a chunk or unsentTime at
+// the rate the kernel reckons it sends, whichever is more.
 //
 // The frames that open, accept and close a stream (window updates with
 // SYN, ACK or FIN) are held back for up to holdControl: the request or
@@ -76,11 +77,16 @@ type CoalesceConfig struct {
 	// in bytes: how much written data the kernel holds that it has not yet
 	// sent. Frames wait above it, where a small response overtakes a bulk
 	// transfer's queue, instead of behind megabytes in the socket. The
-	// connection sets the socket's limit to its chunk of bulk, within
-	// [minChunk, UnsentLimit]: about chunkTime of what the link carries,
-	// enough to keep a fast link busy between writes, a few milliseconds
-	// of a slow one. Zero means DefaultUnsentLimit; negative leaves the
-	// socket as it is.
+	// connection sets the socket's limit to unsentTime (20 ms) at the
+	// send rate the kernel reports for it (TCP_INFO's pacing rate or
+	// delivery rate, the larger; read at most every rateSample after a
+	// bulk write), and to no less than its chunk of bulk or minChunk,
+	// within UnsentLimit. A limit of a few milliseconds of the link (the
+	// chunk alone) left the socket empty whenever the flusher woke late
+	// on a busy machine, and cost a third of the throughput over a lossy
+	// link (BENCHMARKS.md); 20 ms is what a small response waits behind a
+	// download in the socket. Zero means DefaultUnsentLimit; negative
+	// leaves the socket as it is.
 	UnsentLimit int
 	// SendBuffer, when positive, is how many bytes the TCP socket beneath
 	// should be able to hold written and not yet acknowledged: a stream
@@ -359,8 +365,9 @@ func (c *coalescedConn) noteRateLocked(t time.Time, rate int) {
 	c.rate = max(rate, c.rate*3/4)
 }
 
-// limitUnsentLocked sets the socket's unsent limit to the chunk, within
-// the configured bound, when that changed it.
+// limitUnsentLocked sets the socket's unsent limit to unsentTime at the
+// send rate, or the chunk if more, within the configured bound, when that
+// changed it.
 func (c *coalescedConn) limitUnsentLocked() {
 	n := max(c.chunk, int(float64(c.rate)*unsentTime.Seconds()))
 	if n = min(n, c.cfg.UnsentLimit); c.tcp != nil && n != c.unsent {

@@ -690,7 +690,8 @@ func socketBuffers(t *testing.T, w, r net.Conn) int {
 // TestCoalesceUnsentLimit: a coalesced connection over TLS over a batched
 // socket, or behind a wrapper that names its connection, limits the
 // socket's unsent bytes to its chunk within the bound; slow writes lower
-// the limit to minChunk and fast ones raise it back.
+// the limit to minChunk and fast ones raise it back; the kernel's send
+// rate holds it at unsentTime of that rate.
 func TestCoalesceUnsentLimit(t *testing.T) {
 	client, server := tcpPair(t)
 	tc, ts := tlsPair(t, Batched(client), Batched(server))

@@ -7,3 +7,7 @@ import "net"
 // acceptQueued takes nothing where the accept queue cannot be read without
 // waiting: closing the listener resets what it holds, as before.
 func acceptQueued(net.Listener, int) []net.Conn { return nil }
+
+// refuseHandshakes cannot stop handshakes here without closing the
+// listener.
+func refuseHandshakes(net.Listener) bool { return false }

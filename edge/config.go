@@ -106,8 +106,8 @@ type Config struct {
 	// HandshakeSettle is how long a graceful shutdown, having stopped new
 	// visitor handshakes, still takes the ones under way: a visitor whose
 	// SYN-ACK left before the stop is connected in its own eyes and sends
-	// its request. A handshake slower than this (a round trip longer than
-	// about twice it) is reset. Zero means 250ms; within ShutdownGrace.
+	// its request. One whose round trip is longer than this is reset.
+	// Zero means 250ms; within ShutdownGrace.
 	HandshakeSettle time.Duration
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config

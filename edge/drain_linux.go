@@ -8,6 +8,10 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// filtersSockets is true: a listener of this edge's own takes the filter
+// of refuseHandshakes.
+const filtersSockets = true
+
 // refuseHandshakes makes ln's socket drop every SYN from now on, and
 // nothing else: no new handshake starts (a client's SYN is retried, to find
 // the socket closed), while those under way still complete. A listening

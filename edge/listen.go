@@ -184,7 +184,7 @@ func (v *visitorServer) handshake(raw net.Conn) {
 // by ReadHeaderTimeout); only then Shutdown.
 func (v *visitorServer) shutdown(ctx context.Context) error {
 	if v.queue != nil {
-		if !v.queue.drain(ctx, v.e.cfg.HandshakeSettle) {
+		if !v.queue.drain(ctx, v.e.cfg.HandshakeSettle) && filtersSockets {
 			v.e.log.Warn("graceful stop: this listener cannot hold off new visitor handshakes (its socket refused a filter); visitors connecting right now may be reset", "addr", v.ln.Addr().String())
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -109,17 +108,11 @@ func synReceived(t *testing.T, ns *wan.NS, port string) bool {
 }
 
 // startWAN joins two network namespaces by an emulated link, or skips
-// where that cannot be done (it needs root, /dev/net/tun and ip(8)).
+// where that cannot be done.
 func startWAN(t *testing.T) *wan.Pair {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("no /dev/net/tun")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip(8)")
+	if err := wan.Usable(); err != nil {
+		t.Skip(err)
 	}
 	p := &wan.Pair{}
 	if err := p.Start(); err != nil {

@@ -186,6 +186,13 @@ func (a *Agent) setLatency(d time.Duration) {
 	a.mu.Unlock()
 }
 
+// latency is the last round trip measured to the edge; zero before any.
+func (a *Agent) latency() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status.Latency
+}
+
 // Run connects and serves until ctx ends (then it unbinds gracefully and
 // returns nil) or a final error: a *RefusedError or ErrEvicted. Before it
 // returns, every session it abandoned has drained.

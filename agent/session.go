@@ -123,22 +123,25 @@ func dialTLS(ctx context.Context, addr string, tc *tls.Config, p pace) (net.Conn
 	return c, nil
 }
 
-// A SYN that gets no answer is sent again after 1s, 3s, 7s…: a dial started
-// while the network is down may wait seconds after it is back. So while no
-// dial has connected, a fresh one starts every round trip (pace), and the
-// first to connect is taken.
+// A SYN that gets no answer is sent again after 1 s, and again and again
+// (each second for the first four on Linux since 6.5, then doubling): a
+// dial started while the network is down may wait seconds after it is
+// back. So while no dial has connected, a fresh one starts every round
+// trip (pace), and the first to connect is taken.
 //
 // Each dial but a connect's first is cancelled before the kernel would
 // send its SYN again, so that every SYN on the wire is a fresh dial's: the
-// agent sends at most one SYN per pace.every (20 a second at most, whatever
-// the path: 1,000 agents behind an edge that went silent send it at most
-// 20,000 SYNs a second in all, fewer than the 250 ms spacing with
-// retransmitted SYNs did, about 29 a second per agent, measured), and the
-// connection taken starts with the full initial congestion window: after a
-// SYN sent a third time Linux starts it at one segment, and a TLS
-// ClientHello with its post-quantum key share (1.5 KB) then needs a round
-// trip more (BENCHMARKS.md, run 11). The first dial lives until the
-// connect's deadline, so a path slower than it was measured still connects.
+// agent sends one SYN per pace.every and the first dial's resends, at most
+// about 21 a second whatever the path, so 1,000 agents behind an edge that
+// went silent send it at most about 21,000 in all (with 250 ms and every
+// dial kept, the rate grew with the dials waiting: 8, 12, 16, 20, 22 a
+// second over a connect's first five seconds, measured). And the
+// connection taken starts with the full initial congestion window: after
+// a SYN sent a third time Linux starts it at one segment, and a TLS
+// ClientHello with its post-quantum key share (1.5 KB, two segments) then
+// costs a round trip more (BENCHMARKS.md, run 11). The first dial lives
+// until the connect's deadline, so a path slower than it was measured
+// still connects.
 const (
 	// redialMin is the closest spacing of fresh dials: on a LAN, spacing
 	// them by the round trip would send thousands of SYNs a second.

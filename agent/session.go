@@ -152,7 +152,8 @@ const (
 	redialMax = 250 * time.Millisecond
 	// dialLife is how long a fresh dial waits for its answer: under the
 	// kernel's 1 s initial SYN timeout (TCP_TIMEOUT_INIT), so it never
-	// sends a second SYN, on a path of up to dialLifeRTTs times faster.
+	// sends a second SYN. On a path slower than dialLife/dialLifeRTTs
+	// (225 ms) it waits dialLifeRTTs round trips instead.
 	dialLife     = 900 * time.Millisecond
 	dialLifeRTTs = 4
 	// maxPendingDials bounds the sockets a connect holds at once; with
@@ -167,7 +168,7 @@ type pace struct {
 	most  int           // dials pending at once
 }
 
-// paceFor is the pace for a path of round trip rtt; zero when none was
+// paceFor is the pace for a path of round trip rtt, zero when none was
 // measured yet.
 func paceFor(rtt time.Duration) pace {
 	p := pace{every: redialMax, life: max(dialLife, dialLifeRTTs*rtt), most: maxPendingDials}

@@ -157,13 +157,15 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 		srv.Serve(hand)
 	}()
 	sl := &streamListener{Listener: ln, a: a, held: held}
+	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
 	for {
 		c, err := sl.Accept()
 		if err != nil {
 			break
 		}
-		go a.serveStream(c.(*streamConn), hand)
+		a.dispatch(w, c.(*streamConn), hand)
 	}
+	close(w.done)
 	hand.Close()
 	<-served
 	srv.Close()

@@ -74,6 +74,47 @@ func (h *handoff) give(c net.Conn) bool {
 	}
 }
 
+// workers serve a session's streams on goroutines kept between streams,
+// so that each exchange starts on a stack the ones before it grew: a new
+// goroutine's stack grows, and is copied each time, on an exchange's way
+// through ReadRequest, the transport and Response.Write. There are as many
+// as streams were served at once, each ending once idle for workerIdle or
+// with the session.
+type workers struct {
+	next chan *streamConn // unbuffered: only a worker waiting takes one
+	done chan struct{}    // closed when the session takes no more streams
+}
+
+// workerIdle is how long a worker waits for another stream.
+const workerIdle = 10 * time.Second
+
+// dispatch serves sc on a waiting worker, or a new one.
+func (a *Agent) dispatch(w *workers, sc *streamConn, hand *handoff) {
+	select {
+	case w.next <- sc:
+	default:
+		a.wg.Add(1) // while serveStreams runs, counted: never from zero
+		go a.work(w, sc, hand)
+	}
+}
+
+func (a *Agent) work(w *workers, sc *streamConn, hand *handoff) {
+	defer a.wg.Done()
+	idle := time.NewTimer(workerIdle)
+	defer idle.Stop()
+	for {
+		a.serveStream(sc, hand)
+		idle.Reset(workerIdle)
+		select {
+		case sc = <-w.next:
+		case <-idle.C:
+			return
+		case <-w.done:
+			return
+		}
+	}
+}
+
 var (
 	streamReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, 4<<10) }}
 	streamWriters = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
@@ -132,7 +173,7 @@ func (a *Agent) readHead(sc *streamConn, br *bufio.Reader) (*http.Request, int) 
 	sc.SetReadDeadline(time.Time{})
 	var ne net.Error
 	switch {
-	case err == nil && ownPath(req):
+	case err == nil && !a.serverOnly && ownPath(req):
 		*p = sc.rec[:0]
 		sc.rec = nil
 		headBufs.Put(p)
@@ -204,6 +245,7 @@ func isHex(c byte) bool {
 // request had no body, or its body was read to its end).
 func (a *Agent) relay(sc *streamConn, br *bufio.Reader, r *http.Request) (brDone bool) {
 	x := &sc.x
+	a.ownPath.Add(1)
 	a.begin(x, r)
 	defer a.ended(x, r)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -20,11 +20,14 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// The agent serves the edge's streams with net/http end to end: an
-// http.Server reads each stream's request (the yamux session is its
-// listener, each stream one connection carrying one exchange),
-// httputil.ReverseProxy relays it, and an http.Transport keeps the
-// connections to the local service alive between exchanges. So the framing
+// The agent serves the edge's streams with net/http end to end: each
+// stream's request is read with http.ReadRequest and, on the agent's own
+// path (stream.go), sent through an http.Transport and answered with
+// Response.Write; a request that needs what the server or the reverse
+// proxy does (an upgrade, Expect, a hop-by-hop field, a head the server
+// refuses) is served by an http.Server, whose listener is the streams
+// handed to it, and httputil.ReverseProxy relays it. The transport keeps
+// the connections to the local service alive between exchanges. So the framing
 // the agent accepts from a local service and the framing it writes to the
 // edge are net/http's, the same code the edge reads them with; a pooled
 // local connection is reused only when net/http finds it clean (a

@@ -121,6 +121,10 @@ var (
 	headBufs      = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
 )
 
+// headBufKeep bounds a head buffer put back for the next stream: one a
+// long head grew is left to the collector.
+const headBufKeep = 64 << 10
+
 // serveStream serves the stream sc: on the agent's own path, or by
 // handing it to the server.
 func (a *Agent) serveStream(sc *streamConn, hand *handoff) {
@@ -174,9 +178,11 @@ func (a *Agent) readHead(sc *streamConn, br *bufio.Reader) (*http.Request, int) 
 	var ne net.Error
 	switch {
 	case err == nil && !a.serverOnly && ownPath(req):
-		*p = sc.rec[:0]
+		if cap(sc.rec) <= headBufKeep {
+			*p = sc.rec[:0]
+			headBufs.Put(p)
+		}
 		sc.rec = nil
-		headBufs.Put(p)
 		return req, headOurs
 	case err != nil && (len(sc.rec) == 0 || errors.As(err, &ne) && ne.Timeout()):
 		return nil, headClose

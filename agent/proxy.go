@@ -153,12 +153,7 @@ type streamKey struct{}
 // served as before.
 func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	srv := a.newStreamServer()
-	hand := newHandoff(ln.Addr())
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(hand)
-	}()
+	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
 	sl := &streamListener{Listener: ln, a: a, held: held}
 	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
 	for {
@@ -169,8 +164,7 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 		a.dispatch(w, c.(*streamConn), hand)
 	}
 	close(w.done)
-	hand.Close()
-	<-served
+	hand.closeAndWait()
 	srv.Close()
 }
 

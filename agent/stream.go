@@ -35,16 +35,21 @@ import (
 // read and written is net/http's either way.
 
 // handoff is the listener of the session's http.Server: it accepts the
-// streams serveStream hands over.
+// streams serveStream hands over. The server is started with the first
+// (most sessions never hand one over, and need no goroutine for it).
 type handoff struct {
 	conns chan net.Conn
 	done  chan struct{}
 	once  sync.Once
 	addr  net.Addr
+
+	serve  func(net.Listener) // serves the listener until it is closed
+	start  sync.Once
+	served chan struct{} // closed when serve returned; nil: never started
 }
 
-func newHandoff(addr net.Addr) *handoff {
-	return &handoff{conns: make(chan net.Conn), done: make(chan struct{}), addr: addr}
+func newHandoff(addr net.Addr, serve func(net.Listener)) *handoff {
+	return &handoff{conns: make(chan net.Conn), done: make(chan struct{}), addr: addr, serve: serve}
 }
 
 func (h *handoff) Accept() (net.Conn, error) {
@@ -64,8 +69,26 @@ func (h *handoff) Close() error {
 
 func (h *handoff) Addr() net.Addr { return h.addr }
 
-// give hands c to the server; false once the listener is closed.
+// closeAndWait closes the listener and waits for the server, if started,
+// to return.
+func (h *handoff) closeAndWait() {
+	h.Close()
+	h.start.Do(func() {})
+	if h.served != nil {
+		<-h.served
+	}
+}
+
+// give hands c to the server, starting it for the first; false once the
+// listener is closed.
 func (h *handoff) give(c net.Conn) bool {
+	h.start.Do(func() {
+		h.served = make(chan struct{})
+		go func() {
+			defer close(h.served)
+			h.serve(h)
+		}()
+	})
 	select {
 	case h.conns <- c:
 		return true

@@ -8,6 +8,7 @@ import (
 	"net/http/httptrace"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ngstone/ngstone/mux"
 )
@@ -104,5 +105,21 @@ func TestTooManyInformational(t *testing.T) {
 	}
 	if resp.StatusCode != http.StatusBadGateway || resp.Header.Get(mux.ErrorHeader) != mux.CodeBadResponse || strings.Contains(body, "final") {
 		t.Fatalf("got %d %s=%q %q, want 502 %s", resp.StatusCode, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader), body, mux.CodeBadResponse)
+	}
+}
+
+// TestDeadlinePassed reads grpc-timeout as gRPC's wire format has it, and
+// takes nothing else for a deadline.
+func TestDeadlinePassed(t *testing.T) {
+	start := time.Now().Add(-time.Second) // a second ago
+	for v, want := range map[string]bool{
+		"500m": true, "1S": true, "999999u": true, "1000000000n": false, // ten digits
+		"2S": false, "1M": false, "1H": false, "99999999H": false,
+		"": false, "m": false, "5": false, "5x": false, "+5m": false, "-5m": false, " 5m": false,
+	} {
+		h := http.Header{"Grpc-Timeout": {v}}
+		if got := deadlinePassed(h, start); got != want {
+			t.Errorf("grpc-timeout %q a second after the start: passed %v, want %v", v, got, want)
+		}
 	}
 }

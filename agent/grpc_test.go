@@ -1,12 +1,15 @@
 package agent_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -19,17 +22,19 @@ import (
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 )
 
 // testService is a local gRPC server: it answers with its name, streams,
-// fails on request and blocks until a call's deadline.
+// fails on request and blocks until a call's deadline, or past it.
 type testService struct {
 	testpb.UnimplementedTestServiceServer
 	name    string
 	blocked chan struct{} // closed when a blocking call saw its context end
+	release chan struct{} // what a call that outlives its deadline waits for
 }
 
 func (s *testService) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
@@ -40,6 +45,11 @@ func (s *testService) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) 
 	case "block":
 		<-ctx.Done()
 		close(s.blocked)
+		return nil, ctx.Err()
+	case "outlive":
+		// Never answers by itself: grpc-go's server resets the stream
+		// when the deadline fires.
+		<-s.release
 		return nil, ctx.Err()
 	}
 	return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: []byte(s.name + ":" + string(req.GetPayload().GetBody()))}}, nil
@@ -318,5 +328,52 @@ func TestGRPCInInspector(t *testing.T) {
 	})
 	if got[0].Path != "/grpc.testing.TestService/UnaryCall" || got[0].GRPCStatus != fmt.Sprint(int(codes.FailedPrecondition)) || got[0].Request.Size == 0 {
 		t.Fatalf("kept: %+v", got[0])
+	}
+}
+
+// TestGRPCServerDeadline: the local server ends a call at the deadline its
+// client set (grpc-go resets the stream, CANCEL, as the deadline fires). A
+// client whose own timer has not fired yet (late on a loaded machine, or
+// one that sends grpc-timeout without a timer) reads DEADLINE_EXCEEDED, as
+// it would from the server directly, not the UNAVAILABLE of a broken
+// response.
+func TestGRPCServerDeadline(t *testing.T) {
+	svc := &testService{name: "local", release: make(chan struct{})}
+	_, addr := grpcLocal(t, svc)
+	defer close(svc.release)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	grpcAgent(t, e, addr, "grpc", "")
+	msg, err := proto.Marshal(&testpb.SimpleRequest{Payload: payload("outlive")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg))) // uncompressed, its length
+	body = append(body, msg...)
+	tr := &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: e.Roots},
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, network, e.Addr("https").String())
+		},
+		Protocols: new(http.Protocols),
+	}
+	tr.Protocols.SetHTTP2(true)
+	defer tr.CloseIdleConnections()
+	req, err := http.NewRequest("POST", "https://grpc."+tunneltest.Domain+"/grpc.testing.TestService/UnaryCall", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("Grpc-Timeout", "200m")
+	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	got := resp.Header.Get("Grpc-Status") + resp.Trailer.Get("Grpc-Status")
+	if got != "4" {
+		t.Fatalf("a call the local server ended at its deadline: %d, grpc-status %q (%s), want 4 DEADLINE_EXCEEDED",
+			resp.StatusCode, got, resp.Header.Get("Grpc-Message"))
 	}
 }

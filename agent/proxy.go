@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
 	"net/textproto"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -498,9 +500,38 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
+	if x := exchangeOf(r.Context()); x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
+		// The local server ended the call at the deadline its client
+		// set (grpc-go resets the stream as it fires): the answer is
+		// the client's own, not a failure of the tunnel's.
+		h := w.Header()
+		h.Set("Content-Type", "application/grpc")
+		h.Set("Grpc-Status", "4") // DEADLINE_EXCEEDED
+		h.Set("Grpc-Message", "deadline exceeded")
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	code := upstreamCode(err)
 	t.localFailed(code, err)
 	t.a.answer(w, r, code)
+}
+
+// deadlinePassed reports whether the call's grpc-timeout, counted from
+// start (before the local server could start its own), is over: 1 to 8
+// digits and a unit of H, M, S, m, u or n.
+func deadlinePassed(h http.Header, start time.Time) bool {
+	v := h.Get("Grpc-Timeout")
+	if len(v) < 2 || len(v) > 9 {
+		return false
+	}
+	units := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second,
+		'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}
+	unit, ok := units[v[len(v)-1]]
+	n, err := strconv.ParseUint(v[:len(v)-1], 10, 64)
+	if !ok || err != nil || n > uint64(math.MaxInt64/unit) {
+		return false // 99999999H is longer than a Duration holds
+	}
+	return time.Since(start) >= time.Duration(n)*unit
 }
 
 // upstreamCode maps a failed request to the local service to a visitor

@@ -84,7 +84,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 		nc.Close()
 		return nil, err
 	}
-	ys, err := yamux.Client(mux.CoalesceWith(nc, mux.CoalesceConfig{WriteTimeout: yc.ConnectionWriteTimeout, Linger: closeLinger}), yc)
+	ys, err := yamux.Client(mux.CoalesceWith(nc, mux.CoalesceConfig{WriteTimeout: yc.ConnectionWriteTimeout, Linger: closeLinger, SendBuffer: int(yc.MaxStreamWindowSize)}), yc)
 	if err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)

@@ -166,7 +166,10 @@ func (b *bench) startEdge() error {
 	for time.Now().Before(deadline) {
 		if c, err := net.DialTimeout("tcp", b.addrs["control"], time.Second); err == nil {
 			c.Close()
-			return b.loadCA(dataDir)
+			// The edge listens before it has written its CA.
+			if err := b.loadCA(dataDir); err == nil || !errors.Is(err, os.ErrNotExist) && !errors.Is(err, errNoCA) {
+				return err
+			}
 		}
 		select {
 		case <-p.done:
@@ -193,12 +196,16 @@ func (b *bench) loadCA(dataDir string) error {
 	if err != nil {
 		return err
 	}
-	b.ca = x509.NewCertPool()
-	if !b.ca.AppendCertsFromPEM(pem) {
-		return errors.New("edge ca.pem: no certificate")
+	ca := x509.NewCertPool()
+	if !ca.AppendCertsFromPEM(pem) {
+		return errNoCA
 	}
+	b.ca = ca
 	return nil
 }
+
+// errNoCA: the edge's ca.pem holds no certificate (yet).
+var errNoCA = errors.New("edge ca.pem: no certificate")
 
 // startAgent starts an agent for the backend under sub, dialing the edge
 // at edgeAddr, and waits until the tunnel answers.

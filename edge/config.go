@@ -103,6 +103,12 @@ type Config struct {
 	// ShutdownGrace bounds how long a graceful shutdown waits for in-flight
 	// requests. Zero means 30s.
 	ShutdownGrace time.Duration
+	// HandshakeSettle is how long a graceful shutdown, having stopped new
+	// visitor handshakes, still takes the ones under way: a visitor whose
+	// SYN-ACK left before the stop is connected in its own eyes and sends
+	// its request. One whose round trip is longer than this is reset.
+	// Zero means 250ms; within ShutdownGrace.
+	HandshakeSettle time.Duration
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config
 	// Store holds the bindings; nil means a registry.Memory of this edge,
@@ -130,6 +136,7 @@ func DefaultConfig() Config {
 		TunnelTimeout:    60 * time.Second,
 		HelloTimeout:     10 * time.Second,
 		ShutdownGrace:    30 * time.Second,
+		HandshakeSettle:  250 * time.Millisecond,
 		Mux:              mux.DefaultConfig(),
 
 		ReadHeaderTimeout:    10 * time.Second,
@@ -154,6 +161,7 @@ func (c Config) withDefaults() Config {
 	for _, f := range []struct{ v, def *time.Duration }{
 		{&c.HeartbeatTimeout, &d.HeartbeatTimeout}, {&c.TunnelTimeout, &d.TunnelTimeout},
 		{&c.HelloTimeout, &d.HelloTimeout}, {&c.ShutdownGrace, &d.ShutdownGrace},
+		{&c.HandshakeSettle, &d.HandshakeSettle},
 		{&c.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&c.IdleTimeout, &d.IdleTimeout},
 		{&c.AuthFailureWindow, &d.AuthFailureWindow}, {&c.WriteTimeout, &d.WriteTimeout},
 		{&c.ReadTimeout, &d.ReadTimeout},

@@ -1,9 +1,11 @@
 package edge
 
 import (
+	"context"
 	"errors"
 	"net"
 	"sync"
+	"time"
 )
 
 // drainingListener is a visitor listener whose graceful close first takes
@@ -19,17 +21,39 @@ type drainingListener struct {
 	left []net.Conn
 }
 
+// listenVisitors listens on plain TCP, not on Go's default multipath TCP
+// where the kernel has it: a multipath socket refuses the socket filter by
+// which a graceful stop holds off new visitors (refuseHandshakes).
+// Visitors that speak multipath TCP are served over one path.
+func listenVisitors(network, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(context.Background(), network, addr)
+}
+
 // maxDrained bounds the connections taken from the accept queue at close
 // (the queue is bounded by the listen backlog, somaxconn: 4096 here).
 const maxDrained = 4096
 
-// drain takes the accept queue's connections, for Accept to hand out
-// once the listener is closed.
-func (l *drainingListener) drain() {
-	conns := acceptQueued(l.Listener, maxDrained)
-	l.mu.Lock()
-	l.left = append(l.left, conns...)
-	l.mu.Unlock()
+// drain stops new handshakes, lets those under way complete for settle
+// (or until ctx ends) while Accept goes on as before, then takes the
+// accept queue's connections, for Accept to hand out once the listener is
+// closed. held is false where new handshakes could not be stopped: then
+// those under way at the close are reset.
+func (l *drainingListener) drain(ctx context.Context, settle time.Duration) (held bool) {
+	if held = refuseHandshakes(l.Listener); held {
+		t := time.NewTimer(settle)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		conns := acceptQueued(l.Listener, maxDrained)
+		l.mu.Lock()
+		l.left = append(l.left, conns...)
+		l.mu.Unlock()
+	}
+	return held
 }
 
 func (l *drainingListener) Accept() (net.Conn, error) {

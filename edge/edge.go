@@ -164,7 +164,11 @@ func (e *Edge) listen() error {
 		if addr == "" {
 			continue
 		}
-		ln, err := net.Listen("tcp", addr)
+		listen := net.Listen
+		if name == "http" || name == "https" {
+			listen = listenVisitors
+		}
+		ln, err := listen("tcp", addr)
 		if err != nil {
 			return fmt.Errorf("%s-addr %s: %w", name, addr, err)
 		}

@@ -101,7 +101,7 @@ type limitConn struct {
 }
 
 // NetConn returns the connection beneath, so that mux can tune its socket
-// (the agent link's unsent limit).
+// (the agent link's unsent limit and send buffer).
 func (c *limitConn) NetConn() net.Conn { return c.Conn }
 
 // count takes the count of c's address, once; false if it was at its bound

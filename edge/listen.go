@@ -177,13 +177,16 @@ func (v *visitorServer) handshake(raw net.Conn) {
 // closes the connection without an answer. A visitor whose connection the
 // edge had accepted just before the signal would get nothing, although the
 // request reached it. So the drain goes in steps: no new connections; the
-// TLS handshakes under way finish and reach the server; keep-alives off
+// TCP handshakes under way complete (HandshakeSettle) and the TLS ones
+// finish, and reach the server; keep-alives off
 // (each answer carries Connection: close); every HTTP/1.1 connection
 // accepted gets its first request read and answered, or ends (a silent one
 // by ReadHeaderTimeout); only then Shutdown.
 func (v *visitorServer) shutdown(ctx context.Context) error {
 	if v.queue != nil {
-		v.queue.drain()
+		if !v.queue.drain(ctx, v.e.cfg.HandshakeSettle) && filtersSockets {
+			v.e.log.Warn("graceful stop: this listener cannot hold off new visitor handshakes (its socket refused a filter); visitors connecting right now may be reset", "addr", v.ln.Addr().String())
+		}
 	}
 	v.ln.Close()
 	accepted := v.served // plain HTTP: Serve has taken every connection

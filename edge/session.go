@@ -150,7 +150,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ys, err := yamux.Server(mux.Coalesce(c), yc)
+	ys, err := yamux.Server(mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize)}), yc)
 	if err != nil {
 		return nil, fmt.Errorf("yamux: %w", err)
 	}

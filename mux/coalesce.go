@@ -25,8 +25,9 @@ import (
 // is not queued behind a download's backlog. A stream's frames keep their
 // order. Each write takes all the first frames and a chunk of bulk, sized
 // so that a write takes about chunkTime: over a slow link, a frame that
-// comes while one is written waits for little more than a chunk, and the
-// socket beneath holds no more unsent bytes than a chunk.
+// comes while one is written waits for little more than a chunk. The
+// socket beneath holds no more unsent bytes than a chunk or unsentTime at
+// the rate the kernel reckons it sends, whichever is more.
 //
 // The frames that open, accept and close a stream (window updates with
 // SYN, ACK or FIN) are held back for up to holdControl: the request or
@@ -44,6 +45,11 @@ const (
 	// one write takes from below.
 	chunkTime = 10 * time.Millisecond
 	minChunk  = 16 << 10
+	// unsentTime is how long the socket's unsent bytes may take to leave
+	// at the rate the kernel reckons it sends; rateSample bounds how often
+	// that rate is read.
+	unsentTime = 20 * time.Millisecond
+	rateSample = 10 * time.Millisecond
 	// holdControl bounds how long a held frame waits for company.
 	holdControl = time.Millisecond
 	// closeFlushTimeout bounds how long Close spends writing out what is
@@ -71,12 +77,29 @@ type CoalesceConfig struct {
 	// in bytes: how much written data the kernel holds that it has not yet
 	// sent. Frames wait above it, where a small response overtakes a bulk
 	// transfer's queue, instead of behind megabytes in the socket. The
-	// connection sets the socket's limit to its chunk of bulk, within
-	// [minChunk, UnsentLimit]: about chunkTime of what the link carries,
-	// enough to keep a fast link busy between writes, a few milliseconds
-	// of a slow one. Zero means DefaultUnsentLimit; negative leaves the
-	// socket as it is.
+	// connection sets the socket's limit to unsentTime (20 ms) at the
+	// send rate the kernel reports for it (TCP_INFO's pacing rate or
+	// delivery rate, the larger; read at most every rateSample after a
+	// bulk write), and to no less than its chunk of bulk or minChunk,
+	// within UnsentLimit. A limit of a few milliseconds of the link (the
+	// chunk alone) left the socket empty whenever the flusher woke late
+	// on a busy machine, and cost a third of the throughput over a lossy
+	// link (BENCHMARKS.md); 20 ms is what a small response waits behind a
+	// download in the socket. Zero means DefaultUnsentLimit; negative
+	// leaves the socket as it is.
 	UnsentLimit int
+	// SendBuffer, when positive, is how many bytes the TCP socket beneath
+	// should be able to hold written and not yet acknowledged: a stream
+	// window's worth, so that the socket does not cap what one stream has
+	// in flight below its window. Over a lossy link the kernel keeps each
+	// byte after a lost segment until the retransmission is acknowledged,
+	// a round trip or more, and its autotuned buffer (at most
+	// net.ipv4.tcp_wmem's maximum, 4 MiB by default) then caps the link
+	// below what the window allows. The socket's SO_SNDBUF is set only
+	// where that gives more than autotuning can; the kernel caps it at
+	// net.core.wmem_max. It bounds kernel memory only: what it holds is in
+	// flight, or unsent within UnsentLimit.
+	SendBuffer int
 }
 
 // Coalesce wraps the connection given to yamux.Client or yamux.Server so
@@ -96,6 +119,11 @@ func CoalesceWith(c net.Conn, cfg CoalesceConfig) net.Conn {
 		cfg.UnsentLimit = DefaultUnsentLimit
 	}
 	cc := newCoalesced(c, cfg, holdControl)
+	if tc := tcpUnder(c); tc != nil && cfg.SendBuffer > 0 {
+		if n := sendBufferFor(cfg.SendBuffer); n > 0 {
+			tc.SetWriteBuffer(n)
+		}
+	}
 	if cfg.UnsentLimit > 0 {
 		cc.tcp = tcpUnder(c)
 		cc.limitUnsentLocked()
@@ -117,8 +145,10 @@ type coalescedConn struct {
 
 	readDone atomic.Bool // a read returned an error: nothing more will arrive
 
-	tcp    *net.TCPConn // the socket whose unsent bytes are limited; or nil
-	unsent int          // its TCP_NOTSENT_LOWAT as last set
+	tcp     *net.TCPConn // the socket whose unsent bytes are limited; or nil
+	unsent  int          // its TCP_NOTSENT_LOWAT as last set
+	rate    int          // its send rate, bytes per second, as last reckoned
+	sampled time.Time    // when rate was last read
 
 	mu       sync.Mutex
 	cond     sync.Cond      // signals writers waiting for room, and Close
@@ -286,15 +316,23 @@ func (c *coalescedConn) flushLoop() {
 			break
 		}
 		c.cond.Broadcast() // room again
-		c.mu.Unlock()
 		start := time.Now()
+		sample := bulk != nil && c.tcp != nil && start.Sub(c.sampled) >= rateSample
+		c.mu.Unlock()
 		err := c.write(first, bulk)
 		d := time.Since(start)
 		putBuf(first)
 		putBuf(bulk)
+		rate := 0
+		if sample {
+			rate = sendRate(c.tcp)
+		}
 		c.mu.Lock()
 		if err != nil && c.err == nil {
 			c.err = err
+		}
+		if sample {
+			c.noteRateLocked(start, rate)
 		}
 		c.adaptLocked(d)
 	}
@@ -318,10 +356,21 @@ func (c *coalescedConn) adaptLocked(d time.Duration) {
 	c.limitUnsentLocked()
 }
 
-// limitUnsentLocked sets the socket's unsent limit to the chunk, within
-// the configured bound, when that changed it.
+// noteRateLocked takes the send rate the kernel reckoned at t. A lower
+// figure is followed by at most a quarter each sample: one taken while a
+// loss was being repaired, or the link was idle, should not starve the
+// socket once it can send again.
+func (c *coalescedConn) noteRateLocked(t time.Time, rate int) {
+	c.sampled = t
+	c.rate = max(rate, c.rate*3/4)
+}
+
+// limitUnsentLocked sets the socket's unsent limit to unsentTime at the
+// send rate, or the chunk if more, within the configured bound, when that
+// changed it.
 func (c *coalescedConn) limitUnsentLocked() {
-	if n := min(c.chunk, c.cfg.UnsentLimit); c.tcp != nil && n != c.unsent {
+	n := max(c.chunk, int(float64(c.rate)*unsentTime.Seconds()))
+	if n = min(n, c.cfg.UnsentLimit); c.tcp != nil && n != c.unsent {
 		setUnsent(c.tcp, n)
 		c.unsent = n
 	}

@@ -690,7 +690,8 @@ func socketBuffers(t *testing.T, w, r net.Conn) int {
 // TestCoalesceUnsentLimit: a coalesced connection over TLS over a batched
 // socket, or behind a wrapper that names its connection, limits the
 // socket's unsent bytes to its chunk within the bound; slow writes lower
-// the limit to minChunk and fast ones raise it back.
+// the limit to minChunk and fast ones raise it back; the kernel's send
+// rate holds it at unsentTime of that rate.
 func TestCoalesceUnsentLimit(t *testing.T) {
 	client, server := tcpPair(t)
 	tc, ts := tlsPair(t, Batched(client), Batched(server))
@@ -711,7 +712,7 @@ func TestCoalesceUnsentLimit(t *testing.T) {
 		}
 	}
 	check(client, 40000)
-	check(server, DefaultUnsentLimit)
+	check(server, maxCoalesce)
 	cs.mu.Lock()
 	for range 10 {
 		cs.adaptLocked(time.Second)
@@ -723,7 +724,116 @@ func TestCoalesceUnsentLimit(t *testing.T) {
 		cs.adaptLocked(time.Microsecond)
 	}
 	cs.mu.Unlock()
+	check(server, maxCoalesce)
+
+	// The kernel's send rate raises the limit to unsentTime of it, within
+	// the bound; a collapsed figure lowers it a quarter a sample.
+	const rate = 30_000_000
+	want := int(rate * unsentTime.Seconds())
+	cs.mu.Lock()
+	cs.noteRateLocked(time.Now(), rate)
+	cs.adaptLocked(time.Second) // a slow write: the chunk halves, the rate holds the limit
+	cs.mu.Unlock()
+	check(server, want)
+	cs.mu.Lock()
+	cs.noteRateLocked(time.Now(), 0)
+	cs.adaptLocked(time.Second)
+	cs.mu.Unlock()
+	check(server, want*3/4)
+	cs.mu.Lock()
+	cs.noteRateLocked(time.Now(), 1<<40)
+	cs.adaptLocked(time.Second)
+	cs.mu.Unlock()
 	check(server, DefaultUnsentLimit)
+}
+
+// TestCoalesceSamplesSendRate: bulk written through a coalesced
+// connection over TCP has the flusher read the kernel's send rate, at
+// most once a rateSample.
+func TestCoalesceSamplesSendRate(t *testing.T) {
+	client, server := tcpPair(t)
+	go io.Copy(io.Discard, server)
+	c := CoalesceWith(client, CoalesceConfig{}).(*coalescedConn)
+	t.Cleanup(func() { c.Close() })
+	if sendRate(c.tcp) == 0 {
+		t.Skip("no send rate from the kernel here")
+	}
+	body := make([]byte, 64<<10)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for _, p := range [][]byte{frameHeader(yamuxTypeData, 0, 1, uint32(len(body))), body} {
+			if _, err := c.Write(p); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.mu.Lock()
+		rate, sampled := c.rate, c.sampled
+		c.mu.Unlock()
+		if rate > 0 {
+			if sampled.IsZero() {
+				t.Fatal("a rate without a sample time")
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no send rate sampled after 10 s of bulk writes")
+		}
+	}
+}
+
+// TestSendBufferSize: SO_SNDBUF is set only where it lets the socket hold
+// more than the kernel's autotuning would, and never above the kernel's
+// cap.
+func TestSendBufferSize(t *testing.T) {
+	const mib = 1 << 20
+	for _, tc := range []struct {
+		name            string
+		n, auto, capped int
+		want            int
+	}{
+		{"none asked", 0, 4 * mib, 4 * mib, 0},
+		{"autotuning reaches it", 2 * mib, 4 * mib, 4 * mib, 0},
+		{"doubled past autotuning", 8 * mib, 4 * mib, 4 * mib, 4 * mib},
+		{"within the cap", 3 * mib, 4 * mib, 16 * mib, 3 * mib},
+		{"a small cap would lower it", 8 * mib, 4 * mib, 208 << 10, 0},
+	} {
+		if got := sendBufferSize(tc.n, tc.auto, tc.capped); got != tc.want {
+			t.Errorf("%s: sendBufferSize(%d, %d, %d) = %d, want %d", tc.name, tc.n, tc.auto, tc.capped, got, tc.want)
+		}
+	}
+}
+
+// TestCoalesceSendBuffer: SendBuffer sets the socket's SO_SNDBUF where
+// this system's limits let it exceed autotuning, and no SendBuffer leaves
+// the socket as it was.
+func TestCoalesceSendBuffer(t *testing.T) {
+	sndbuf := func(c net.Conn) int {
+		t.Helper()
+		rc, err := c.(*net.TCPConn).SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n int
+		rc.Control(func(fd uintptr) { n, _ = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_SNDBUF) })
+		return n
+	}
+	client, server := tcpPair(t)
+	before := sndbuf(server)
+	cs := CoalesceWith(server, CoalesceConfig{})
+	t.Cleanup(func() { cs.Close() })
+	if got := sndbuf(server); got != before {
+		t.Errorf("SO_SNDBUF %d without SendBuffer, was %d", got, before)
+	}
+	const n = MaxWindow
+	want := sendBufferFor(n)
+	if want == 0 {
+		t.Skipf("this system's autotuning reaches %d bytes already, or its limits are unknown", n)
+	}
+	cc := CoalesceWith(client, CoalesceConfig{SendBuffer: n})
+	t.Cleanup(func() { cc.Close() })
+	if got := sndbuf(client); got != 2*want {
+		t.Errorf("SO_SNDBUF %d with SendBuffer %d, want %d (the kernel doubles %d)", got, n, 2*want, want)
+	}
 }
 
 // TestCoalesceYamuxStress runs many concurrent echo streams of random sizes

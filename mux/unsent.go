@@ -6,8 +6,9 @@ import (
 )
 
 // DefaultUnsentLimit bounds the TCP_NOTSENT_LOWAT a coalescing connection
-// sets on its socket (CoalesceConfig.UnsentLimit).
-const DefaultUnsentLimit = maxCoalesce
+// sets on its socket (CoalesceConfig.UnsentLimit): 20 ms of 52 MB/s, so
+// what a fast link's socket holds unsent stays a megabyte.
+const DefaultUnsentLimit = 1 << 20
 
 // setUnsent sets tc to hold at most n bytes not yet sent. Where the system
 // has no such option it does nothing.
@@ -17,6 +18,33 @@ func setUnsent(tc *net.TCPConn, n int) {
 		return
 	}
 	rc.Control(func(fd uintptr) { setNotSentLowat(fd, n) })
+}
+
+// sendBufferSize is the SO_SNDBUF for a socket that should hold n bytes,
+// where the kernel's autotuning grows its buffer to auto at most (the
+// maximum of net.ipv4.tcp_wmem) and caps SO_SNDBUF at capped
+// (net.core.wmem_max), then doubles it, its allowance for its own
+// overhead, which autotuning counts within auto. Zero, leaving autotuning
+// be, where that reaches as far: setting SO_SNDBUF turns autotuning off
+// for the socket, so a smaller cap (wmem_max is 208 KiB on many systems)
+// would only lower it.
+func sendBufferSize(n, auto, capped int) int {
+	if n <= 0 || 2*min(n, capped) <= auto {
+		return 0
+	}
+	return min(n, capped)
+}
+
+// sendRate is tc's send rate as the kernel reckons it, bytes per second;
+// zero where unknown.
+func sendRate(tc *net.TCPConn) int {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return 0
+	}
+	r := 0
+	rc.Control(func(fd uintptr) { r = tcpSendRate(fd) })
+	return r
 }
 
 // tcpUnder returns the TCP connection beneath c, or nil.

@@ -193,7 +193,8 @@ func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error
 	cfg.TLS.DataDir = filepath.Join(dir, "ngstone")
 	cfg.HTTPAddr = freeOr(embeddedAddrs["http"])
 	cfg.HTTPSAddr = freeOr(embeddedAddrs["https"])
-	e, err := edge.New(cfg, log.With("component", "embedded-edge"))
+	// Not "component": the edge's parts (certs) set their own.
+	e, err := edge.New(cfg, log.With("edge", "embedded"))
 	if err != nil {
 		return nil, err
 	}

@@ -335,16 +335,24 @@ func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 	}
 	_, port := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
 	data := t.TempDir()
-	ports := freePorts(t, 3)
-	visitors, admin := "127.0.0.1:"+ports[0], "127.0.0.1:"+ports[2]
-	args := edgeArgs(data, ports, "--shutdown-grace", "5s")
+	ports := freePorts(t, 4)
+	visitors, admin, secure := "127.0.0.1:"+ports[0], "127.0.0.1:"+ports[2], "127.0.0.1:"+ports[3]
+	args := edgeArgs(data, ports, "--shutdown-grace", "5s", "--https-addr", secure)
 	counts := map[string]int{}
+	var visitorTLS *tls.Config // every other visitor comes over HTTPS
 	for cycle := range 20 {
 		e := startProc(t, nil, args...)
 		waitHealthy(t, admin)
 		if cycle == 0 {
 			startProc(t, nil, "http", port, "--edge", "127.0.0.1:"+ports[1], "--ca-file", filepath.Join(data, "ca.pem"),
 				"--subdomain", "burst", "--dial-timeout", "1s", "--log-format", "json")
+			pem, err := os.ReadFile(filepath.Join(data, "ca.pem"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(pem)
+			visitorTLS = &tls.Config{RootCAs: roots, ServerName: "burst.ngstone.test", NextProtos: []string{"http/1.1"}}
 		}
 		waitFor(t, 20*time.Second, "the agent bound", func() bool {
 			resp, err := http.Get("http://" + admin + "/api/tunnels/burst.ngstone.test")
@@ -360,9 +368,14 @@ func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 		var mu sync.Mutex
 		for i := range 30 {
 			wg.Go(func() {
-				r := burstGet(visitors)
+				scheme, r := "http", ""
+				if i%2 == 0 {
+					r = burstGet(visitors, nil)
+				} else {
+					scheme, r = "https", burstGet(secure, visitorTLS)
+				}
 				mu.Lock()
-				counts[r]++
+				counts[scheme+": "+r]++
 				mu.Unlock()
 			})
 			if i == 10 {
@@ -376,31 +389,42 @@ func TestEdgeSIGTERMUnderBurst(t *testing.T) {
 	}
 	t.Logf("600 visitors across 20 SIGTERMs: %v", counts)
 	for r, n := range counts {
-		switch r {
+		switch _, what, _ := strings.Cut(r, ": "); what {
 		case "200", "503 tunnel_offline", "connection refused or reset":
-		case "dropped: reset after the request":
-			// Still seen under load (23 of 600 in one CI run), though
-			// the drain takes the accept queue behind a filter: the
-			// kernel resets some connection the edge never saw. Logged
-			// above, not yet fixed; an EOF (the edge read the request and
-			// dropped it) fails.
 		default:
+			// A reset after the request: a visitor whose handshake was
+			// under way at the stop, connected in its own eyes, was cut
+			// (23 of 600 in a CI run before the listener was plain TCP
+			// and let those handshakes complete). An EOF: the edge read
+			// a request and dropped it.
 			t.Errorf("%d visitors got %s", n, r)
 		}
 	}
 }
 
-// burstGet sends one GET on a new connection and says what came back:
-// refused (the connection was not accepted: the edge had stopped
-// listening), dropped (the edge accepted the connection and the request
-// went out, but no answer came: an EOF or a reset), or the answer.
-func burstGet(addr string) string {
-	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+// burstGet sends one GET on a new connection, over TLS with tc, and says
+// what came back: refused (the connection was not accepted: the edge had
+// stopped listening; over TLS, also a handshake the edge never began),
+// dropped (the edge accepted the connection and the request went out, but
+// no answer came: an EOF or a reset), or the answer.
+func burstGet(addr string, tc *tls.Config) string {
+	raw, err := net.DialTimeout("tcp", addr, 10*time.Second)
 	if err != nil {
 		return "connection refused or reset"
 	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer raw.Close()
+	raw.SetDeadline(time.Now().Add(10 * time.Second))
+	c := raw
+	if tc != nil {
+		tlsc := tls.Client(raw, tc)
+		if err := tlsc.Handshake(); err != nil {
+			if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+				return "TLS handshake cut" // an accepted connection dropped
+			}
+			return "TLS handshake: " + err.Error()
+		}
+		c = tlsc
+	}
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: burst.ngstone.test\r\nConnection: close\r\n\r\n"); err != nil {
 		return "connection refused or reset" // reset before the request left
 	}

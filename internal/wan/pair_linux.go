@@ -50,6 +50,21 @@ func (p *Pair) AddrA() netip.Addr { return addrA }
 // AddrB is the address side A reaches side B at.
 func (p *Pair) AddrB() netip.Addr { return addrB }
 
+// Usable says why a Pair cannot Start here, or nil: it needs root,
+// /dev/net/tun and ip(8).
+func Usable() error {
+	if os.Geteuid() != 0 {
+		return errors.New("wan: network namespaces need root")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		return fmt.Errorf("wan: no TUN device: %w", err)
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("wan: no ip(8): %w", err)
+	}
+	return nil
+}
+
 // Start makes the namespaces and TUN devices and starts forwarding, with
 // no delay, loss or limit until Set.
 func (p *Pair) Start() error {

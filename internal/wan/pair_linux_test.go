@@ -6,8 +6,6 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"os/exec"
 	"sync"
 	"testing"
 	"time"
@@ -17,14 +15,8 @@ import (
 // TUN device, no ip(8)).
 func startPair(t *testing.T) *Pair {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skip("no /dev/net/tun")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip(8)")
+	if err := Usable(); err != nil {
+		t.Skip(err)
 	}
 	p := &Pair{}
 	if err := p.Start(); err != nil {

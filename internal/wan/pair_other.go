@@ -19,6 +19,9 @@ type NS struct{ Name string }
 
 var errUnsupported = errors.New("wan: network namespaces need Linux")
 
+// Usable says why a Pair cannot Start here.
+func Usable() error { return errUnsupported }
+
 func (p *Pair) Start() error                              { return errUnsupported }
 func (p *Pair) Set(Profile)                               {}
 func (p *Pair) Blackhole(bool)                            {}

@@ -500,7 +500,13 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
-	if x := exchangeOf(r.Context()); x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
+	t.answerFailed(w, r, exchangeOf(r.Context()), err)
+}
+
+// answerFailed answers r, the request of x that the local service did not
+// answer (err), on either path.
+func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
 		// The local server ended the call at the deadline its client
 		// set (grpc-go resets the stream as it fires): the answer is
 		// the client's own, not a failure of the tunnel's.
@@ -513,7 +519,10 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	code := upstreamCode(err)
 	t.localFailed(code, err)
-	t.a.answer(w, r, code)
+	if x != nil {
+		x.code.Store(code)
+	}
+	mux.WriteVisitorErrorFor(w, r, code, visitorHost(r))
 }
 
 // deadlinePassed reports whether the call's grpc-timeout, counted from

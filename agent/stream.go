@@ -326,9 +326,7 @@ func (t *tunnel) relay(ctx context.Context, w *respWriter, x *exchange, r *http.
 			x.status.CompareAndSwap(0, http.StatusBadGateway)
 			return
 		}
-		code := upstreamCode(err)
-		t.localFailed(code, err)
-		t.a.answerOwn(w, x, r, code)
+		w.writeOwn(x, r, func(rw http.ResponseWriter) { t.answerFailed(rw, r, x, err) })
 		return
 	}
 	x.status.CompareAndSwap(0, int64(resp.StatusCode))
@@ -622,9 +620,17 @@ func (b *flushingBody) Read(p []byte) (int, error) {
 // answerOwn ends the exchange x of r with the agent's own response for
 // code.
 func (a *Agent) answerOwn(w *respWriter, x *exchange, r *http.Request, code string) {
-	x.code.Store(code)
+	w.writeOwn(x, r, func(rw http.ResponseWriter) {
+		x.code.Store(code)
+		mux.WriteVisitorErrorFor(rw, r, code, visitorHost(r))
+	})
+}
+
+// writeOwn ends the exchange x of r with the answer fill makes.
+func (w *respWriter) writeOwn(x *exchange, r *http.Request, fill func(http.ResponseWriter)) {
 	aw := &answerWriter{h: http.Header{}}
-	mux.WriteVisitorErrorFor(&exchangeWriter{ResponseWriter: aw, x: x}, r, code, visitorHost(r))
+	fill(&exchangeWriter{ResponseWriter: aw, x: x})
+	aw.WriteHeader(http.StatusOK) // as the server answers a handler that wrote nothing
 	resp := &http.Response{StatusCode: aw.code, ProtoMajor: 1, ProtoMinor: 1, Header: aw.h,
 		ContentLength: int64(aw.body.Len()), Close: true, Request: r}
 	if aw.body.Len() > 0 {

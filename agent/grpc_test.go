@@ -26,6 +26,7 @@ import (
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
 )
 
 // testService is a local gRPC server: it answers with its name, streams,
@@ -336,19 +337,20 @@ func TestGRPCInInspector(t *testing.T) {
 // client whose own timer has not fired yet (late on a loaded machine, or
 // one that sends grpc-timeout without a timer) reads DEADLINE_EXCEEDED, as
 // it would from the server directly, not the UNAVAILABLE of a broken
-// response.
+// response. A local server that cannot be reached keeps its code, however
+// late: the deadline did not end that call.
 func TestGRPCServerDeadline(t *testing.T) {
 	svc := &testService{name: "local", release: make(chan struct{})}
 	_, addr := grpcLocal(t, svc)
 	defer close(svc.release)
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	grpcAgent(t, e, addr, "grpc", "")
-	msg, err := proto.Marshal(&testpb.SimpleRequest{Payload: payload("outlive")})
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg))) // uncompressed, its length
-	body = append(body, msg...)
+	gone.Close() // nothing listens there now
+	grpcAgent(t, e, gone.Addr().String(), "gone", "")
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: e.Roots},
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -358,22 +360,34 @@ func TestGRPCServerDeadline(t *testing.T) {
 	}
 	tr.Protocols.SetHTTP2(true)
 	defer tr.CloseIdleConnections()
-	req, err := http.NewRequest("POST", "https://grpc."+tunneltest.Domain+"/grpc.testing.TestService/UnaryCall", bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
+	// call sends a unary call to name with grpc-timeout and no timer of
+	// its own, and returns its grpc-status and Ngstone-Error.
+	call := func(name, timeout string) (status, code string) {
+		msg, err := proto.Marshal(&testpb.SimpleRequest{Payload: payload("outlive")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		body := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg))) // uncompressed, its length
+		req, err := http.NewRequest("POST", "https://"+name+"."+tunneltest.Domain+"/grpc.testing.TestService/UnaryCall",
+			bytes.NewReader(append(body, msg...)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/grpc")
+		req.Header.Set("Te", "trailers")
+		req.Header.Set("Grpc-Timeout", timeout)
+		resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header.Get("Grpc-Status") + resp.Trailer.Get("Grpc-Status"), resp.Header.Get(mux.ErrorHeader)
 	}
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("Te", "trailers")
-	req.Header.Set("Grpc-Timeout", "200m")
-	resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Do(req)
-	if err != nil {
-		t.Fatal(err)
+	if status, code := call("grpc", "200m"); status != "4" || code != "" {
+		t.Errorf("a call the local server ended at its deadline: grpc-status %q, %s %q; want 4 DEADLINE_EXCEEDED from the server", status, mux.ErrorHeader, code)
 	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	got := resp.Header.Get("Grpc-Status") + resp.Trailer.Get("Grpc-Status")
-	if got != "4" {
-		t.Fatalf("a call the local server ended at its deadline: %d, grpc-status %q (%s), want 4 DEADLINE_EXCEEDED",
-			resp.StatusCode, got, resp.Header.Get("Grpc-Message"))
+	if status, code := call("gone", "1n"); status != "14" || code != mux.CodeUpstreamUnreachable {
+		t.Errorf("a call past its deadline to a local server that is down: grpc-status %q, %s %q; want 14 and %s", status, mux.ErrorHeader, code, mux.CodeUpstreamUnreachable)
 	}
 }

@@ -542,11 +542,8 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Tunnel: t.name, Status: resp.StatusCode,
 		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
 	})
-	shown := Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took, Replay: true}
-	if len(in.a.tunnels) > 1 {
-		shown.Tunnel = t.name
-	}
-	in.a.stats.keep(shown)
+	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took,
+		Replay: true, Tunnel: in.a.shownName(t)})
 	in.a.log.Info("replay", "of", c.ID, "edited", edited, "method", req.Method, "path", req.URL.RequestURI(),
 		"status", resp.StatusCode, "duration", took.Round(10*time.Microsecond))
 	return id, nil

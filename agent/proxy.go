@@ -379,9 +379,7 @@ func (a *Agent) ended(x *exchange, r *http.Request) {
 	path := r.URL.RequestURI() // once for all three
 	req := Request{Start: x.start, Method: r.Method, Path: path,
 		Status: int(x.status.Load()), Code: x.errCode(), Duration: time.Since(x.start)}
-	if x.t != nil && len(a.tunnels) > 1 {
-		req.Tunnel = x.t.name
-	}
+	req.Tunnel = a.shownName(x.t)
 	a.stats.closed(req)
 	if a.cfg.LogRequests {
 		a.logRequest(x, r, path)
@@ -389,6 +387,15 @@ func (a *Agent) ended(x *exchange, r *http.Request) {
 	if a.inspect != nil {
 		a.inspect.record(x, r, path)
 	}
+}
+
+// shownName is t's name where requests are shown with their tunnel's: in
+// an agent of several.
+func (a *Agent) shownName(t *tunnel) string {
+	if t == nil || len(a.tunnels) < 2 {
+		return ""
+	}
+	return t.name
 }
 
 // answer ends an exchange with the agent's own response for code.
@@ -506,10 +513,13 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // answerFailed answers r, the request of x that the local service did not
 // answer (err), on either path.
 func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
-	if x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
+	code := upstreamCode(err)
+	if code == mux.CodeBadResponse && x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
 		// The local server ended the call at the deadline its client
 		// set (grpc-go resets the stream as it fires): the answer is
-		// the client's own, not a failure of the tunnel's.
+		// the client's own, not a failure of the tunnel's. A local
+		// server that could not be reached, or did not answer in the
+		// agent's own time, keeps its code and warning.
 		h := w.Header()
 		h.Set("Content-Type", "application/grpc")
 		h.Set("Grpc-Status", "4") // DEADLINE_EXCEEDED
@@ -517,7 +527,6 @@ func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchang
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	code := upstreamCode(err)
 	t.localFailed(code, err)
 	if x != nil {
 		x.code.Store(code)
@@ -533,15 +542,16 @@ func deadlinePassed(h http.Header, start time.Time) bool {
 	if len(v) < 2 || len(v) > 9 {
 		return false
 	}
-	units := map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second,
-		'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}
-	unit, ok := units[v[len(v)-1]]
+	unit, ok := grpcTimeoutUnits[v[len(v)-1]]
 	n, err := strconv.ParseUint(v[:len(v)-1], 10, 64)
 	if !ok || err != nil || n > uint64(math.MaxInt64/unit) {
 		return false // 99999999H is longer than a Duration holds
 	}
 	return time.Since(start) >= time.Duration(n)*unit
 }
+
+var grpcTimeoutUnits = map[byte]time.Duration{'H': time.Hour, 'M': time.Minute, 'S': time.Second,
+	'm': time.Millisecond, 'u': time.Microsecond, 'n': time.Nanosecond}
 
 // upstreamCode maps a failed request to the local service to a visitor
 // error code: no connection, no response in time, or a response net/http

@@ -4,6 +4,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -37,16 +38,26 @@ func tcpSendRate(fd uintptr) int {
 // bytes, from this system's limits (sendBufferSize); zero where they are
 // unknown.
 func sendBufferFor(n int) int {
-	auto, ok := procInt("/proc/sys/net/ipv4/tcp_wmem", 2)
-	if !ok {
+	l := wmemLimits()
+	if !l.ok {
 		return 0
 	}
-	capped, ok := procInt("/proc/sys/net/core/wmem_max", 0)
-	if !ok {
-		return 0
-	}
-	return sendBufferSize(n, auto, capped)
+	return sendBufferSize(n, l.auto, l.capped)
 }
+
+// wmemLimits are the maximum of net.ipv4.tcp_wmem and net.core.wmem_max,
+// read once: every session's socket asks, and they change with a sysctl
+// an operator makes before a start.
+var wmemLimits = sync.OnceValue(func() (l struct {
+	auto, capped int
+	ok           bool
+}) {
+	l.auto, l.ok = procInt("/proc/sys/net/ipv4/tcp_wmem", 2)
+	if l.ok {
+		l.capped, l.ok = procInt("/proc/sys/net/core/wmem_max", 0)
+	}
+	return l
+})
 
 // procInt reads the i-th integer of a file under /proc/sys.
 func procInt(path string, i int) (int, bool) {

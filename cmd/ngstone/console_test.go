@@ -186,7 +186,7 @@ func TestConsoleOnATerminal(t *testing.T) {
 		!strings.Contains(evicted, "none: this agent no longer serves the name") {
 		t.Errorf("evicted screen:\n%s", evicted)
 	}
-	if dead, code := pane.exit(t); !dead || code != exitEvicted {
+	if dead, code := pane.waitExit(t); !dead || code != exitEvicted {
 		t.Errorf("agent: dead %v, exit %d; want exit %d", dead, code, exitEvicted)
 	}
 	if total := pane.history(t); total > 2 {
@@ -345,6 +345,19 @@ func (p *tmuxPane) pid(t *testing.T) int {
 	return n
 }
 
+// waitExit is exit once the program has had a few seconds to exit: its
+// last screen shows a moment before the pane's shell has seen it end.
+func (p *tmuxPane) waitExit(t *testing.T) (bool, int) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		dead, code := p.exit(t)
+		if dead || time.Now().After(deadline) {
+			return dead, code
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // exit reports whether the program has exited, and its exit status, as
 // the pane's shell wrote it; a dead pane's file is waited for, a few
 // seconds at most.
@@ -404,7 +417,7 @@ func TestConsoleCtrlC(t *testing.T) {
 	stopped := pane.waitScreen(t, "the stop", func(s string) bool {
 		return strings.Contains(s, "Session Status                stopped · exit code 0")
 	})
-	if dead, code := pane.exit(t); !dead || code != 0 {
+	if dead, code := pane.waitExit(t); !dead || code != 0 {
 		t.Errorf("after Ctrl+C: dead %v, exit %d:\n%s", dead, code, stopped)
 	}
 	c := visitorClient(t, "127.0.0.1:"+e.ports[2])

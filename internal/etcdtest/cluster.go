@@ -89,12 +89,19 @@ func StartCluster(tb testing.TB, opts ClusterOptions) *Cluster {
 			errs <- err
 		}()
 	}
+	// Every member's start is waited for, failed or not: one still
+	// opening its data when the test ends and removes the directory
+	// panics the whole test binary ("failed to open database").
+	var failed error
 	for range n {
-		if err := <-errs; err != nil {
-			tb.Fatalf("etcd cluster: %v", err)
+		if err := <-errs; err != nil && failed == nil {
+			failed = err
 		}
 	}
 	tb.Cleanup(c.stop)
+	if failed != nil {
+		tb.Fatalf("etcd cluster: %v", failed)
+	}
 	c.Leader()
 	return c
 }

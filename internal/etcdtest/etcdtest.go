@@ -9,11 +9,14 @@
 package etcdtest
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -207,13 +210,36 @@ func Stop() {
 	}
 }
 
+// Members listen on ports below the kernel's ephemeral range (32768 and
+// up by default), and below the range the process tests take (20000 and
+// up), so that no outgoing connection of a test running beside takes one
+// as its source port between the check and the member's listen: a member
+// that cannot listen fails its cluster's start.
+const portsFrom, portsTo = 12000, 20000
+
+var (
+	portsMu    sync.Mutex
+	handedOut  = map[int]bool{} // never the same port twice in a process
+	errNoPorts = errors.New("etcdtest: no free loopback port below the ephemeral range")
+)
+
 // freeURL picks a free loopback port.
 func freeURL() ([]url.URL, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for range 10000 {
+		p := portsFrom + rand.IntN(portsTo-portsFrom)
+		if handedOut[p] {
+			continue
+		}
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		handedOut[p] = true
+		return []url.URL{{Scheme: "http", Host: addr}}, nil
 	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return []url.URL{{Scheme: "http", Host: addr}}, nil
+	return nil, errNoPorts
 }

@@ -108,8 +108,10 @@ type workers struct {
 	done chan struct{}    // closed when the session takes no more streams
 }
 
-// workerIdle is how long a worker waits for another stream.
-const workerIdle = 10 * time.Second
+// workerIdle is how long a worker waits for another stream: under any
+// load streams come far more often, and a burst's workers are not kept
+// long after it.
+const workerIdle = 2 * time.Second
 
 // dispatch serves sc on a waiting worker, or a new one.
 func (a *Agent) dispatch(w *workers, sc *streamConn, hand *handoff) {

@@ -517,11 +517,12 @@ func TestEarlyAnswerWhileUploading(t *testing.T) {
 }
 
 // TestResponseBrokenOffBeforeBody: an agent whose response head crosses
-// the tunnel and whose stream (or whole session) then ends before a byte
-// of the body gets its visitor the edge's 502 tunnel_interrupted, over
-// HTTP/1.1 and HTTP/2, with none of the broken response's fields; not a
-// connection cut or a stream reset with nothing on it, which is what the
-// reverse proxy alone gives once it has passed the status on.
+// the tunnel and whose stream then ends before a byte of the body gets its
+// visitor the edge's 502 bad_response (tunnel_interrupted when the whole
+// session ends), over HTTP/1.1 and HTTP/2, with none of the broken
+// response's fields; not a connection cut or a stream reset with nothing
+// on it, which is what the reverse proxy alone gives once it has passed
+// the status on.
 func TestResponseBrokenOffBeforeBody(t *testing.T) {
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	for _, session := range []bool{false, true} {
@@ -561,10 +562,13 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 			if (resp.ProtoMajor == 2) != h2 {
 				t.Fatalf("h2 %v: the visitor spoke %s", h2, resp.Proto)
 			}
-			code := resp.Header.Get(mux.ErrorHeader)
-			if resp.StatusCode != http.StatusBadGateway || code != string(mux.CodeTunnelInterrupted) || resp.Header.Get("X-Local") != "" {
+			code, want := resp.Header.Get(mux.ErrorHeader), mux.CodeBadResponse
+			if session {
+				want = mux.CodeTunnelInterrupted
+			}
+			if resp.StatusCode != http.StatusBadGateway || code != string(want) || resp.Header.Get("X-Local") != "" {
 				t.Errorf("session ends %v, h2 %v: %d %s=%q X-Local=%q, want 502 %s and no field of the broken response",
-					session, h2, resp.StatusCode, mux.ErrorHeader, code, resp.Header.Get("X-Local"), mux.CodeTunnelInterrupted)
+					session, h2, resp.StatusCode, mux.ErrorHeader, code, resp.Header.Get("X-Local"), want)
 			}
 			c.CloseIdleConnections()
 		}

@@ -159,7 +159,7 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 			// The response broke off (the session died, the stream
 			// ended) after its head crossed the tunnel but before any
 			// of it reached the visitor, who can still be told why.
-			e.visitorFailed(vw, r, rt.hostname, errBrokenOff)
+			e.visitorFailed(vw, r, rt.hostname, rt.brokenOff())
 			vw.start()
 		default:
 			panic(p)
@@ -170,6 +170,17 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 
 // errBrokenOff: a response broke off before any of it was passed on.
 var errBrokenOff = errors.New("edge: the response broke off before its body")
+
+// brokenOff says why a response broke off before its body: the session's
+// end (or the owning edge's, for a forwarded request), or, the session
+// alive, its agent ending the stream: a broken response, as a stream that
+// ends before its head is (exchange.readError).
+func (rt route) brokenOff() error {
+	if s := rt.s; s != nil && !s.isClosed() && !s.ys.IsClosed() {
+		return errors.Join(errBadResponse, errBrokenOff)
+	}
+	return errBrokenOff
+}
 
 // newProxy builds the reverse proxy every visitor request takes. forwarded:
 // the owner's proxy for requests another edge forwarded, whose X-Forwarded-*

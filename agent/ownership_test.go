@@ -393,11 +393,15 @@ func testShownInstanceCannotTakeName(t *testing.T, store string) {
 	quickGet(e.Client(), tunneltest.URL("https", "mine", "/hello"))
 
 	shown := tunnel(t, e, "mine."+tunneltest.Domain).InstanceID
-	mu.Lock()
-	logged := logs.String()
-	mu.Unlock()
-	if strings.Contains(logged, a.InstanceID()) || !strings.Contains(logged, shown) || shown == a.InstanceID() || a.Status().InstanceID != shown {
-		t.Fatalf("the instance id is shown: admin %s, status %s, logs contain the id %v", shown, a.Status().InstanceID, strings.Contains(logged, a.InstanceID()))
+	logged := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logs.String()
+	}
+	// The request's line is logged once its response has gone.
+	tunneltest.Eventually(t, 10*time.Second, "the request's line", func() bool { return strings.Contains(logged(), `"path":"/hello"`) })
+	if l := logged(); strings.Contains(l, a.InstanceID()) || !strings.Contains(l, shown) || shown == a.InstanceID() || a.Status().InstanceID != shown {
+		t.Fatalf("the instance id is shown: admin %s, status %s, logs contain the id %v, the digest %v", shown, a.Status().InstanceID, strings.Contains(l, a.InstanceID()), strings.Contains(l, shown))
 	}
 	r, m := e.DialRaw(t, &mux.Hello{Version: mux.Version, InstanceID: shown, Token: "shared"})
 	if m.MessageType() != mux.TypeHelloOK {

@@ -1,0 +1,115 @@
+package edge_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// countingConn counts the bytes read from it.
+type countingConn struct {
+	net.Conn
+	read atomic.Int64
+}
+
+func (c *countingConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+// TestLargeUploadWaitsForAcceptance: an upload larger than a stream's first
+// window waits for the agent to accept the stream before any of it
+// leaves, so that it goes out as one flight with the whole window
+// (BENCHMARKS.md, run 10); a small one leaves at once. A raw agent that
+// holds the stream unaccepted sees what the edge sends meanwhile.
+func TestLargeUploadWaitsForAcceptance(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	tc, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := &countingConn{Conn: tc}
+	ys, err := yamux.Client(link, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ys.Close() })
+	ctrl, err := ys.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := &tunneltest.RawSession{YS: ys, Ctrl: ctrl}
+	if err := mux.Write(ctrl, hello("")); err != nil {
+		t.Fatal(err)
+	}
+	if m := raw.Read(t); m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "upload"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind: %v", m)
+	}
+	c := e.Client()
+	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+	for _, size := range []int{mux.InitialWindow / 2, 4 * mux.InitialWindow} {
+		body := bytes.Repeat([]byte("u"), size)
+		before := link.read.Load()
+		done := make(chan error, 1)
+		go func() {
+			resp, err := c.Post(tunneltest.URL("https", "upload", "/"), "application/octet-stream", bytes.NewReader(body))
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = io.ErrUnexpectedEOF
+				}
+			}
+			done <- err
+		}()
+		if size < mux.InitialWindow {
+			// Nothing to wait for: the body is on its way unaccepted.
+			tunneltest.Eventually(t, 10*time.Second, "the small upload sent before acceptance", func() bool {
+				return link.read.Load()-before >= int64(size)
+			})
+		} else {
+			// A bounded look, not a sleep on which a result depends: a slow
+			// edge only makes this check weaker, never fail.
+			deadline := time.Now().Add(300 * time.Millisecond)
+			for time.Now().Before(deadline) {
+				if sent := link.read.Load() - before; sent > 64<<10 {
+					t.Fatalf("%d bytes of a %d-byte upload left before the agent accepted its stream", sent, size)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
+		st, err := ys.AcceptStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.SetDeadline(time.Now().Add(10 * time.Second))
+		req, err := http.ReadRequest(bufio.NewReader(st))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(req.Body)
+		if err != nil || !bytes.Equal(got, body) {
+			t.Fatalf("the agent read %d of %d bytes: %v", len(got), size, err)
+		}
+		io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(0)+"\r\n\r\n")
+		if err := <-done; err != nil {
+			t.Fatalf("upload of %d bytes: %v", size, err)
+		}
+		st.Close()
+	}
+}

@@ -3,7 +3,6 @@ package edge_test
 import (
 	"bufio"
 	"bytes"
-	"crypto/tls"
 	"io"
 	"net"
 	"net/http"
@@ -11,8 +10,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/yamux"
 
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
@@ -37,25 +34,12 @@ func (c *countingConn) Read(p []byte) (int, error) {
 // holds the stream unaccepted sees what the edge sends meanwhile.
 func TestLargeUploadWaitsForAcceptance(t *testing.T) {
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	tc, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	link := &countingConn{Conn: tc}
-	ys, err := yamux.Client(link, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ys.Close() })
-	ctrl, err := ys.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw := &tunneltest.RawSession{YS: ys, Ctrl: ctrl}
-	if err := mux.Write(ctrl, hello("")); err != nil {
-		t.Fatal(err)
-	}
-	if m := raw.Read(t); m.MessageType() != mux.TypeHelloOK {
+	var link *countingConn
+	raw, m := e.DialRawOver(t, hello(""), func(c net.Conn) net.Conn {
+		link = &countingConn{Conn: c}
+		return link
+	})
+	if m.MessageType() != mux.TypeHelloOK {
 		t.Fatalf("hello: %v", m)
 	}
 	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "upload"}).(*mux.BindOK); !ok {
@@ -93,7 +77,7 @@ func TestLargeUploadWaitsForAcceptance(t *testing.T) {
 				time.Sleep(5 * time.Millisecond)
 			}
 		}
-		st, err := ys.AcceptStream()
+		st, err := raw.YS.AcceptStream()
 		if err != nil {
 			t.Fatal(err)
 		}

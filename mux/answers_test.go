@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -107,25 +108,13 @@ func TestAnswersFollowFrames(t *testing.T) {
 				seen = append(seen, a.highest)
 			}
 		}
-		if want := []uint32{0, 6, 8, 10}; size == 1 && !equalIDs(seen, want) {
+		if want := []uint32{0, 6, 8, 10}; size == 1 && !slices.Equal(seen, want) {
 			t.Errorf("byte by byte: answers seen %v, want %v", seen, want)
 		}
 		if a.highest != 10 {
 			t.Errorf("in pieces of %d: highest answer %d, want 10 (1000 is a body's bytes)", size, a.highest)
 		}
 	}
-}
-
-func equalIDs(a, b []uint32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestAwaitAnswerOtherConn(t *testing.T) {

@@ -112,7 +112,10 @@ func (x *exchange) start(req *http.Request) (*http.Response, error) {
 // window waits for the agent to accept the stream (awaitAccept).
 func (x *exchange) write(req *http.Request) error {
 	if req.ContentLength > mux.InitialWindow {
-		x.awaitAccept(req.Context())
+		if err := x.awaitAccept(req.Context()); err != nil {
+			req.Body.Close() // as req.Write would have
+			return err
+		}
 	}
 	bw := requestWriters.Get().(*bufio.Writer)
 	bw.Reset(x.conn)
@@ -139,12 +142,36 @@ func (x *exchange) write(req *http.Request) error {
 // with 1% loss (BENCHMARKS.md, run 10). The wait costs the request head a
 // round trip; its body, which could not have gone further, nothing. A
 // body of unknown length does not wait: it may be a stream whose first
-// bytes are awaited.
-func (x *exchange) awaitAccept(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, x.timeout)
+// bytes are awaited. An agent that has not accepted the stream within the
+// tunnel timeout would not take the body either: the exchange ends as the
+// tunnel timeout ends it (504 tunnel_timeout), rather than hold the
+// visitor until it gives up.
+func (x *exchange) awaitAccept(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, x.timeout)
 	defer cancel()
-	mux.AwaitAnswer(ctx, x.conn.s.link, x.conn.id)
+	if mux.AwaitAnswer(wctx, x.conn.s.link, x.conn.id) {
+		return nil
+	}
+	if ctx.Err() == nil && wctx.Err() != nil {
+		x.timeOut()
+		return errTunnelTimeout
+	}
+	return errNotAccepted
 }
+
+// timeOut ends the exchange as the tunnel timeout ends it. Closing a
+// yamux stream only ends its writing side, so the read of the response
+// head is ended too: an agent that never answers the stream's end, or
+// never accepted the stream, would hold it until the session died.
+func (x *exchange) timeOut() {
+	x.timedOut.Store(true)
+	x.conn.SetReadDeadline(time.Now())
+	x.close()
+}
+
+// errNotAccepted: the session ended, or the visitor left, before the agent
+// accepted an upload's stream.
+var errNotAccepted = errors.New("edge: the agent did not accept the request's stream")
 
 // arm starts the wait for the response head.
 func (x *exchange) arm() {
@@ -153,10 +180,7 @@ func (x *exchange) arm() {
 	if x.headDone {
 		return
 	}
-	x.timer = time.AfterFunc(x.timeout, func() {
-		x.timedOut.Store(true)
-		x.close()
-	})
+	x.timer = time.AfterFunc(x.timeout, x.timeOut)
 }
 
 // headRead stops the wait for the response head, and reports whether it
@@ -165,6 +189,9 @@ func (x *exchange) headRead() (timedOut bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.headDone = true
+	if x.timedOut.Load() {
+		return true
+	}
 	if x.timer != nil && !x.timer.Stop() {
 		return x.timedOut.Load()
 	}

@@ -97,3 +97,33 @@ func TestLargeUploadWaitsForAcceptance(t *testing.T) {
 		st.Close()
 	}
 }
+
+// TestUploadToAgentThatNeverAccepts: an agent that leaves a large upload's
+// stream unaccepted would never take its body; the visitor gets the
+// tunnel timeout's answer when it runs out, not when the session dies
+// (the heartbeat timeout, longer than the client waits here).
+func TestUploadToAgentThatNeverAccepts(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Minute
+	e := tunneltest.StartEdge(t, cfg)
+	raw, m := e.DialRaw(t, hello(""))
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "stuck"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind: %v", m)
+	}
+	c := e.Client()
+	c.Timeout = 10 * time.Second
+	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+	start := time.Now()
+	resp, err := c.Post(tunneltest.URL("https", "stuck", "/"), "application/octet-stream", bytes.NewReader(make([]byte, mux.InitialWindow+1)))
+	if err != nil {
+		t.Fatalf("upload to an agent that never accepts, after %s: %v", time.Since(start), err)
+	}
+	resp.Body.Close()
+	if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeTunnelTimeout {
+		t.Fatalf("upload to an agent that never accepts: %d %q, want 504 %s", resp.StatusCode, code, mux.CodeTunnelTimeout)
+	}
+}

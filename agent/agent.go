@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -84,6 +85,9 @@ type Agent struct {
 	hosts  map[string]*tunnel // every hostname bound, to its tunnel
 
 	wg sync.WaitGroup // abandoned sessions still draining
+
+	ownPath    atomic.Int64 // exchanges relayed on the agent's own path (serveStream), for tests
+	serverOnly bool         // tests: every stream goes to the server, as serveStream hands one over
 }
 
 // New checks cfg and returns an agent; it does no I/O.
@@ -184,6 +188,13 @@ func (a *Agent) setLatency(d time.Duration) {
 	a.mu.Lock()
 	a.status.Latency = d
 	a.mu.Unlock()
+}
+
+// latency is the last round trip measured to the edge; zero before any.
+func (a *Agent) latency() time.Duration {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.status.Latency
 }
 
 // Run connects and serves until ctx ends (then it unbinds gracefully and

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -38,7 +39,7 @@ func TestDialStaggeredTakesAFreshDial(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		start := time.Now()
-		c, err := dialStaggered(ctx, 500*time.Millisecond, 20, silentDials(5, &calls, &ended, conns))
+		c, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, silentDials(5, &calls, &ended, conns))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,13 +55,13 @@ func TestDialStaggeredTakesAFreshDial(t *testing.T) {
 }
 
 // TestDialStaggeredSilent: with no answer at all, at most the bound of
-// dials start, and the error says the network was silent.
+// dials wait at once, and the error says the network was silent.
 func TestDialStaggeredSilent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls, ended atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := dialStaggered(ctx, 500*time.Millisecond, 4, silentDials(100, &calls, &ended, nil))
+		_, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 4}, silentDials(100, &calls, &ended, nil))
 		if !errors.Is(err, errNoAnswer) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err = %v, want errNoAnswer and the deadline", err)
 		}
@@ -78,7 +79,7 @@ func TestDialStaggeredRefused(t *testing.T) {
 		var calls atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := dialStaggered(ctx, 500*time.Millisecond, 20, func(ctx context.Context) (net.Conn, error) {
+		_, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
 			if calls.Add(1) == 1 {
 				<-ctx.Done()
 				return nil, ctx.Err()
@@ -90,7 +91,7 @@ func TestDialStaggeredRefused(t *testing.T) {
 		}
 
 		late := make(chan net.Conn, 1)
-		c, err := dialStaggered(ctx, 500*time.Millisecond, 20, func(ctx context.Context) (net.Conn, error) {
+		c, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
 			a, b := net.Pipe()
 			if calls.Add(1) == 3 {
 				time.Sleep(time.Second) // connects after the second dial has won
@@ -109,6 +110,79 @@ func TestDialStaggeredRefused(t *testing.T) {
 			t.Error("the dial that connected late was left open")
 		}
 	})
+}
+
+// TestDialStaggeredFreshSYNs: into a silent network, a fresh dial starts
+// every p.every and each but the first is cancelled after p.life, before
+// the kernel would send its SYN again; an expired dial does not end the
+// connect, the first dial waits until its deadline, and no more than
+// life/every+2 dials wait at once.
+func TestDialStaggeredFreshSYNs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := pace{every: 50 * time.Millisecond, life: 900 * time.Millisecond, most: 20}
+		var mu sync.Mutex
+		var lives []time.Duration
+		waiting, most := 0, 0
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		start := time.Now()
+		_, err := dialStaggered(ctx, p, func(ctx context.Context) (net.Conn, error) {
+			mu.Lock()
+			waiting++
+			most = max(most, waiting)
+			mu.Unlock()
+			t0 := time.Now()
+			<-ctx.Done()
+			mu.Lock()
+			waiting--
+			lives = append(lives, time.Since(t0))
+			mu.Unlock()
+			return nil, ctx.Err()
+		})
+		if !errors.Is(err, errNoAnswer) || time.Since(start) != 5*time.Second {
+			t.Fatalf("err = %v after %v, want errNoAnswer at the 5s deadline", err, time.Since(start))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		// Dials at 0, 50ms, … 4.95s (the tick at 5s meets the deadline).
+		if n := len(lives); n < 100 || n > 101 {
+			t.Errorf("%d dials in 5s, want one per 50ms", n)
+		}
+		// The first, those of the last life, and one ending as another starts.
+		if want := int(p.life/p.every) + 2; most > want {
+			t.Errorf("%d dials waited at once, want at most %d", most, want)
+		}
+		full, first := 0, 0
+		for _, d := range lives {
+			switch {
+			case d == p.life:
+				full++
+			case d == 5*time.Second:
+				first++
+			case d > p.life:
+				t.Errorf("a dial waited %v, more than its life %v", d, p.life)
+			}
+		}
+		if first != 1 || full < 80 {
+			t.Errorf("%d dials waited the whole connect (want the first alone), %d their whole life", first, full)
+		}
+	})
+}
+
+// TestPaceFor: dials follow the measured round trip, within their bounds.
+func TestPaceFor(t *testing.T) {
+	for _, tc := range []struct {
+		rtt, every, life time.Duration
+	}{
+		{0, redialMax, dialLife},
+		{time.Millisecond, redialMin, dialLife},
+		{80 * time.Millisecond, 80 * time.Millisecond, dialLife},
+		{time.Second, redialMax, 4 * time.Second},
+	} {
+		if p := paceFor(tc.rtt); p.every != tc.every || p.life != tc.life || p.most != maxPendingDials {
+			t.Errorf("paceFor(%v) = %+v, want every %v, life %v, most %d", tc.rtt, p, tc.every, tc.life, maxPendingDials)
+		}
+	}
 }
 
 // TestRetryDelaySilent: after a connect no dial got an answer to, the next

@@ -41,7 +41,8 @@ type relayTester struct {
 
 // relayAgentWith is relayAgent with the settings of cfg (New's, with no
 // edge dialled) and a logger.
-func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *relayTester {
+// setup runs before the agent serves a stream.
+func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger, setup ...func(*Agent)) *relayTester {
 	t.Helper()
 	cfg.Edge, cfg.Local = "localhost:1", local
 	if cfg.UpstreamTimeout == 0 {
@@ -60,6 +61,9 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger) *r
 		t.Fatal(err)
 	}
 	r := &relayTester{Agent: a, ln: ln, held: new(mux.Tracker)}
+	for _, f := range setup {
+		f(a)
+	}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

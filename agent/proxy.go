@@ -22,11 +22,14 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// The agent serves the edge's streams with net/http end to end: an
-// http.Server reads each stream's request (the yamux session is its
-// listener, each stream one connection carrying one exchange),
-// httputil.ReverseProxy relays it, and an http.Transport keeps the
-// connections to the local service alive between exchanges. So the framing
+// The agent serves the edge's streams with net/http end to end: each
+// stream's request is read with http.ReadRequest and, on the agent's own
+// path (stream.go), sent through an http.Transport and answered with
+// Response.Write; a request that needs what the server or the reverse
+// proxy does (an upgrade, Expect, a hop-by-hop field, a head the server
+// refuses) is served by an http.Server, whose listener is the streams
+// handed to it, and httputil.ReverseProxy relays it. The transport keeps
+// the connections to the local service alive between exchanges. So the framing
 // the agent accepts from a local service and the framing it writes to the
 // edge are net/http's, the same code the edge reads them with; a pooled
 // local connection is reused only when net/http finds it clean (a
@@ -49,6 +52,7 @@ type exchange struct {
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
 	trace  httptrace.ClientTrace
+	out    *respWriter // the stream's writer on the agent's own path; nil on the server's
 }
 
 // withExchange returns ctx with x and the trace of x's request to the local
@@ -80,9 +84,14 @@ func (x *exchange) gotFirstByte() {
 	}
 }
 
-func (x *exchange) got1xx(int, textproto.MIMEHeader) error {
+func (x *exchange) got1xx(code int, h textproto.MIMEHeader) error {
 	if x.n1xx.Add(1) >= mux.Max1xx {
 		return errTooMany1xx
+	}
+	if x.out != nil {
+		// The agent's own path passes it on (the reverse proxy does on
+		// the server's).
+		return x.out.write1xx(code, http.Header(h))
 	}
 	return nil
 }
@@ -138,9 +147,26 @@ type streamKey struct{}
 // serveStreams serves the streams ln accepts until it fails; held counts
 // those that hold up a drain. Every stream's goroutines are counted in the
 // agent's WaitGroup until they end.
+//
+// Each stream is first read on the agent's own path (serveStream): a
+// request it takes is relayed there, and one it does not (an upgrade, an
+// Expect, a hop-by-hop field, a head net/http's server would refuse) is
+// handed to the session's http.Server with the bytes read of it, to be
+// served as before.
 func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	srv := a.newStreamServer()
-	srv.Serve(&streamListener{Listener: ln, a: a, held: held})
+	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
+	sl := &streamListener{Listener: ln, a: a, held: held}
+	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
+	for {
+		c, err := sl.Accept()
+		if err != nil {
+			break
+		}
+		a.dispatch(w, c.(*streamConn), hand)
+	}
+	close(w.done)
+	hand.closeAndWait()
 	srv.Close()
 }
 
@@ -198,6 +224,42 @@ type streamConn struct {
 
 	dmu             sync.Mutex
 	readDL, writeDL time.Time // the deadlines last set; a new stream has none
+
+	// While serveStream reads the request head, what is read of the
+	// stream is kept (rec, up to headKeep bytes), so that the server can
+	// read it again (replay) if the stream is handed to it. Only the
+	// goroutine reading the stream touches them.
+	recording bool
+	rec       []byte
+	replay    []byte
+}
+
+// headKeep bounds what serveStream keeps of a request head: more than the
+// server reads of one before it refuses it (MaxHeaderBytes and net/http's
+// 4 KiB slack), so that a head the server would refuse is the server's to
+// refuse.
+const headKeep = mux.MaxRequestHead + 16<<10
+
+// errHeadKept: a request head is longer than serveStream keeps.
+var errHeadKept = errors.New("agent: request head longer than the agent's own path keeps")
+
+// Read reads what was kept first when the stream was handed to the
+// server, and keeps what it reads while the head is being read.
+func (c *streamConn) Read(p []byte) (int, error) {
+	if len(c.replay) > 0 {
+		n := copy(p, c.replay)
+		c.replay = c.replay[n:]
+		return n, nil
+	}
+	if !c.recording {
+		return c.Conn.Read(p)
+	}
+	if len(c.rec) >= headKeep {
+		return 0, errHeadKept
+	}
+	n, err := c.Conn.Read(p[:min(len(p), headKeep-len(c.rec))])
+	c.rec = append(c.rec, p[:n]...)
+	return n, err
 }
 
 // SetReadDeadline passes t on unless it is the deadline already set: the
@@ -269,11 +331,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	defer a.wg.Done()
 	sc := r.Context().Value(streamKey{}).(*streamConn)
 	x := &sc.x
-	x.start, x.t = time.Now(), a.route(r.Host)
-	a.stats.opened(x.start)
-	if a.inspect != nil {
-		x.cap = &capture{}
-	}
+	a.begin(x, r)
 	sent := sc.written.Load()
 	defer func() {
 		if p := recover(); p != nil {
@@ -304,6 +362,15 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 		a.answer(rw, r, mux.CodeBasicAuthRequired)
 	default:
 		t.proxy.ServeHTTP(rw, r)
+	}
+}
+
+// begin routes the exchange x of r and counts it as open.
+func (a *Agent) begin(x *exchange, r *http.Request) {
+	x.start, x.t = time.Now(), a.route(r.Host)
+	a.stats.opened(x.start)
+	if a.inspect != nil {
+		x.cap = &capture{}
 	}
 }
 
@@ -440,8 +507,14 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
+	t.answerFailed(w, r, exchangeOf(r.Context()), err)
+}
+
+// answerFailed answers r, the request of x that the local service did not
+// answer (err), on either path.
+func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	code := upstreamCode(err)
-	if x := exchangeOf(r.Context()); code == mux.CodeBadResponse && x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
+	if code == mux.CodeBadResponse && x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
 		// The local server ended the call at the deadline its client
 		// set (grpc-go resets the stream as it fires): the answer is
 		// the client's own, not a failure of the tunnel's. A local
@@ -455,7 +528,10 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 		return
 	}
 	t.localFailed(code, err)
-	t.a.answer(w, r, code)
+	if x != nil {
+		x.code.Store(code)
+	}
+	mux.WriteVisitorErrorFor(w, r, code, visitorHost(r))
 }
 
 // deadlinePassed reports whether the call's grpc-timeout, counted from

@@ -75,7 +75,7 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	deadline := time.Now().Add(a.cfg.DialTimeout)
 	dctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	nc, err := dialTLS(dctx, a.cfg.Edge, tc)
+	nc, err := dialTLS(dctx, a.cfg.Edge, tc, paceFor(a.latency()))
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
@@ -107,9 +107,9 @@ const closeLinger = time.Second
 
 // dialTLS dials the edge, with TLS over a batched socket so that a
 // transfer's records leave and arrive in few syscalls (mux.Batched).
-func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error) {
+func dialTLS(ctx context.Context, addr string, tc *tls.Config, p pace) (net.Conn, error) {
 	d := &net.Dialer{KeepAlive: 15 * time.Second}
-	raw, err := dialStaggered(ctx, redialEvery, maxDials, func(ctx context.Context) (net.Conn, error) {
+	raw, err := dialStaggered(ctx, p, func(ctx context.Context) (net.Conn, error) {
 		return d.DialContext(ctx, "tcp", addr)
 	})
 	if err != nil {
@@ -123,31 +123,87 @@ func dialTLS(ctx context.Context, addr string, tc *tls.Config) (net.Conn, error)
 	return c, nil
 }
 
-// A SYN that gets no answer is sent again after 1s, 3s, 7s…: a dial started
-// while the network is down may wait seconds after it is back. So while no
-// dial has connected, a fresh one starts every redialEvery (at most
-// maxDials in one connect), and the first to connect is taken.
+// A SYN that gets no answer is sent again after 1 s, and again and again
+// (each second for the first four on Linux since 6.5, then doubling): a
+// dial started while the network is down may wait seconds after it is
+// back. So while no dial has connected, a fresh one starts every round
+// trip (pace), and the first to connect is taken.
+//
+// Each dial but a connect's first is cancelled before the kernel would
+// send its SYN again, so that every SYN on the wire is a fresh dial's: the
+// agent sends one SYN per pace.every and the first dial's resends, at most
+// about 21 a second whatever the path, so 1,000 agents behind an edge that
+// went silent send it at most about 21,000 in all (with 250 ms and every
+// dial kept, the rate grew with the dials waiting: 8, 12, 16, 20, 22 a
+// second over a connect's first five seconds, measured). And the
+// connection taken starts with the full initial congestion window: after
+// a SYN sent a third time Linux starts it at one segment, and a TLS
+// ClientHello with its post-quantum key share (1.5 KB, two segments) then
+// costs a round trip more (BENCHMARKS.md, run 11). The first dial lives
+// until the connect's deadline, so a path slower than it was measured
+// still connects.
 const (
-	redialEvery = 250 * time.Millisecond
-	maxDials    = 40
+	// redialMin is the closest spacing of fresh dials: on a LAN, spacing
+	// them by the round trip would send thousands of SYNs a second.
+	redialMin = 50 * time.Millisecond
+	// redialMax is the spacing before any round trip was measured, and
+	// the widest: the wait for a SYN after the network is back is at most
+	// this.
+	redialMax = 250 * time.Millisecond
+	// dialLife is how long a fresh dial waits for its answer: under the
+	// kernel's 1 s initial SYN timeout (TCP_TIMEOUT_INIT), so it never
+	// sends a second SYN. On a path slower than dialLife/dialLifeRTTs
+	// (225 ms) it waits dialLifeRTTs round trips instead.
+	dialLife     = 900 * time.Millisecond
+	dialLifeRTTs = 4
+	// maxPendingDials bounds the sockets a connect holds at once; with
+	// the bounds above it binds only on paths slower than about a second.
+	maxPendingDials = 20
 )
+
+// pace spaces one connect's dials while none has connected.
+type pace struct {
+	every time.Duration // between fresh dials
+	life  time.Duration // how long a dial after the first waits for an answer
+	most  int           // dials pending at once
+}
+
+// paceFor is the pace for a path of round trip rtt, zero when none was
+// measured yet.
+func paceFor(rtt time.Duration) pace {
+	p := pace{every: redialMax, life: max(dialLife, dialLifeRTTs*rtt), most: maxPendingDials}
+	if rtt > 0 {
+		p.every = min(max(rtt, redialMin), redialMax)
+	}
+	return p
+}
+
+// isTimeout reports whether err is a dial's deadline passing: the dialer
+// may report it before the context's own timer has marked it done.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
 
 // errNoAnswer means no dial got an answer, not even a refusal, before the
 // connect's deadline: the network, or the path to the edge, is silent.
 var errNoAnswer = errors.New("agent: no answer from the edge's address")
 
-// dialStaggered calls dial at once and again every every while none has
-// connected, up to most times, and returns the first connection; the other
-// dials are cancelled and waited for, and any that connect closed. A dial
-// that fails fast (refused, unreachable) ends it with that error.
-func dialStaggered(ctx context.Context, every time.Duration, most int, dial func(context.Context) (net.Conn, error)) (net.Conn, error) {
+// dialStaggered calls dial at once and again every p.every while none has
+// connected and fewer than p.most wait, and returns the first connection.
+// The first dial waits until ctx ends, each later one p.life. When it
+// returns, the other dials are cancelled and waited for, and any that
+// connected closed. A dial that fails fast (refused, unreachable) ends it
+// with that error.
+func dialStaggered(ctx context.Context, p pace, dial func(context.Context) (net.Conn, error)) (net.Conn, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
-		c   net.Conn
-		err error
+		c       net.Conn
+		err     error
+		expired bool // its life, or the connect, ended it
 	}
-	results := make(chan result, most)
+	results := make(chan result, p.most)
 	pending := 0
 	defer func() {
 		cancel()
@@ -157,26 +213,38 @@ func dialStaggered(ctx context.Context, every time.Duration, most int, dial func
 			}
 		}
 	}()
-	next := time.NewTimer(0)
+	start := func(life time.Duration) {
+		pending++
+		dctx, dcancel := context.WithCancel(ctx)
+		go func() {
+			defer dcancel()
+			if life > 0 {
+				// A cancel, not a deadline: the dial returns only once
+				// dctx is done, so its end is told from a fast failure.
+				stop := time.AfterFunc(life, dcancel)
+				defer stop.Stop()
+			}
+			c, err := dial(dctx)
+			results <- result{c, err, err != nil && dctx.Err() != nil}
+		}()
+	}
+	start(0)
+	next := time.NewTicker(p.every)
 	defer next.Stop()
-	for started := 0; ; {
+	for {
 		select {
 		case <-next.C:
-			started++
-			pending++
-			go func() {
-				c, err := dial(ctx)
-				results <- result{c, err}
-			}()
-			if started < most {
-				next.Reset(every)
+			if pending < p.most {
+				start(p.life)
 			}
 		case r := <-results:
 			pending--
 			switch {
 			case r.err == nil:
 				return r.c, nil
-			case ctx.Err() == nil:
+			case r.expired || isTimeout(r.err):
+				// Silence: its life or the connect's deadline ended it.
+			default:
 				return nil, r.err
 			}
 		case <-ctx.Done():
@@ -185,6 +253,11 @@ func dialStaggered(ctx context.Context, every time.Duration, most int, dial func
 	}
 }
 
+// handshake sends the hello and binds every tunnel. When no tunnel needs
+// a feature the edge must confirm in its hello_ok, the binds follow the
+// hello at once, without waiting for its answer: the edge reads them in
+// order, so they cost no round trip of their own. A hello the edge refuses
+// ends the session, binds unread.
 func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	a := c.a
 	ctrl, err := c.ys.OpenStream()
@@ -198,7 +271,28 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: a.cfg.InstanceID, Token: a.cfg.Token, Agent: "ngstone"}); err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
-	msg, err := mux.Read(ctrl)
+	var bound []*tunnel
+	early := len(a.needs()) == 0
+	if early {
+		if bound, err = c.sendBinds(takeover); err != nil {
+			return err
+		}
+	}
+	if err := c.readHelloOK(sent); err != nil {
+		return err
+	}
+	if !early {
+		if bound, err = c.sendBinds(takeover); err != nil {
+			return err
+		}
+	}
+	return c.bindAll(bound, takeover)
+}
+
+// readHelloOK reads the edge's answer to the hello sent at sent.
+func (c *conn) readHelloOK(sent time.Time) error {
+	a := c.a
+	msg, err := mux.Read(c.ctrl)
 	if err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
@@ -208,9 +302,7 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 		a.setLatency(time.Since(sent))
 		c.id = m.SessionID
 		a.useResponseHeadLimit(m.MaxResponseHead)
-		if err := a.edgeDoes(m.Features); err != nil {
-			return err
-		}
+		return a.edgeDoes(m.Features)
 	case *mux.Error:
 		if mux.Retryable(m.Code) {
 			return &retryError{err: fmt.Errorf("hello: %s", m.Message), after: time.Duration(m.RetryAfterMS) * time.Millisecond}
@@ -219,25 +311,41 @@ func (c *conn) handshake(deadline time.Time, takeover bool) error {
 	default:
 		return fmt.Errorf("hello: unexpected %s", msg.MessageType())
 	}
-	return c.bindAll(takeover)
 }
 
-// bindAll binds every tunnel whose name is not gone for good, with
-// takeover after a reconnect. A tunnel refused (or whose name another
-// agent took) is left out from then on and the others are bound; the
-// session fails only when a bind fails in a way worth retrying, or when no
-// tunnel is left.
-func (c *conn) bindAll(takeover bool) error {
+// sendBinds sends a bind for every tunnel whose name is not gone for good,
+// with takeover after a reconnect, and returns those tunnels in order.
+func (c *conn) sendBinds(takeover bool) ([]*tunnel, error) {
 	a := c.a
-	bound := 0
+	var sent []*tunnel
 	for _, t := range a.tunnels {
 		a.mu.Lock()
-		gone := t.final()
+		gone, name := t.final(), t.ask
 		a.mu.Unlock()
 		if gone {
 			continue
 		}
-		err := c.bind(t, takeover)
+		bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
+		if t.cfg.Hostname != "" {
+			bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
+		}
+		if err := mux.Write(c.ctrl, bind); err != nil {
+			return nil, t.wrap(fmt.Errorf("bind: %w", err))
+		}
+		sent = append(sent, t)
+	}
+	return sent, nil
+}
+
+// bindAll reads the answers to the binds of sent, in order. A tunnel
+// refused (or whose name another agent took) is left out from then on and
+// the others are bound; the session fails only when a bind fails in a way
+// worth retrying, or when no tunnel is left.
+func (c *conn) bindAll(sent []*tunnel, takeover bool) error {
+	a := c.a
+	bound := 0
+	for _, t := range sent {
+		err := c.bound(t, takeover)
 		var re *RefusedError
 		switch {
 		case err == nil:
@@ -257,19 +365,12 @@ func (c *conn) bindAll(takeover bool) error {
 	return nil
 }
 
-// bind binds t's name on the session.
-func (c *conn) bind(t *tunnel, takeover bool) error {
+// bound reads the edge's answer to t's bind.
+func (c *conn) bound(t *tunnel, takeover bool) error {
 	a := c.a
 	a.mu.Lock()
-	name, held := t.ask, t.st.Hostname != ""
+	held := t.st.Hostname != ""
 	a.mu.Unlock()
-	bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
-	if t.cfg.Hostname != "" {
-		bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
-	}
-	if err := mux.Write(c.ctrl, bind); err != nil {
-		return fmt.Errorf("bind: %w", err)
-	}
 	msg, err := mux.Read(c.ctrl)
 	if err != nil {
 		return fmt.Errorf("bind: %w", err)
@@ -352,10 +453,10 @@ func (a *Agent) noneLeft() error {
 	return refused
 }
 
-// edgeDoes checks that the edge does what this agent's settings need:
+// needs is what the agent's settings need the edge to do, by feature:
 // an older edge would bind another name than --hostname asks, or let in
 // visitors --allow-cidr keeps out.
-func (a *Agent) edgeDoes(features []string) error {
+func (a *Agent) needs() map[string]string {
 	need := map[string]string{}
 	for _, t := range a.tunnels {
 		if t.cfg.Hostname != "" {
@@ -365,7 +466,12 @@ func (a *Agent) edgeDoes(features []string) error {
 			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
 		}
 	}
-	for f, flag := range need {
+	return need
+}
+
+// edgeDoes checks that the edge does what this agent's settings need.
+func (a *Agent) edgeDoes(features []string) error {
+	for f, flag := range a.needs() {
 		if !slices.Contains(features, f) {
 			return &RefusedError{Code: "unsupported", Message: "this edge does not support " + flag + ": upgrade the edge, or run without"}
 		}

@@ -321,6 +321,7 @@ func (w *wanBench) outage(prof wan.Profile, s subject) outageResult {
 		time.Sleep(w.o.blackhole)
 		back := time.Now()
 		w.pair.Blackhole(false)
+		logf("%s %s: outage %d: link back at %s", prof.Name, s.name(), i+1, back.Format("15:04:05.000000"))
 		d, err := firstOK(r.target, c, back, 120*time.Second)
 		if err != nil {
 			res.err = err

@@ -173,12 +173,13 @@ func TestCertmagicBadTokenKeepsServing(t *testing.T) {
 	}
 	ln := listenLoopback(t)
 	serveTLS(t, ln, m)
-	if _, _, err := get(t, p.Roots, ln.Addr().String(), "app."+testDomain); err == nil {
+	_, _, gerr := get(t, p.Roots, ln.Addr().String(), "app."+testDomain)
+	if gerr == nil {
 		t.Fatal("handshake succeeded without a certificate")
 	}
 	stats := m.Stats()
 	if !hasCount(stats.Failures, KindObtain, ReasonDNSAuth) || !hasCount(stats.Refused, "", RefusedNoCertificate) || stats.NextAttempt.IsZero() {
-		t.Errorf("Stats() = %+v; want an obtain failure for dns_auth, a no_certificate refusal and a next attempt", stats)
+		t.Errorf("Stats() = %+v after the GET failed with %v; want an obtain failure for dns_auth, a no_certificate refusal and a next attempt", stats, gerr)
 	}
 }
 

@@ -492,7 +492,7 @@ func TestEarlyAnswerWhileUploading(t *testing.T) {
 	for _, h2 := range []bool{false, true} {
 		c := e.Client()
 		if !h2 {
-			c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+			http1Only(c)
 		}
 		for i := range 20 {
 			pr, pw := io.Pipe()
@@ -504,8 +504,8 @@ func TestEarlyAnswerWhileUploading(t *testing.T) {
 			}
 			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
-			if resp.StatusCode != http.StatusOK || string(body) != "hello" {
-				t.Fatalf("h2 %v, round %d: %d %q", h2, i, resp.StatusCode, body)
+			if resp.StatusCode != http.StatusOK || string(body) != "hello" || (resp.ProtoMajor == 2) != h2 {
+				t.Fatalf("h2 %v, round %d: %s %d %q", h2, i, resp.Proto, resp.StatusCode, body)
 			}
 			pw.CloseWithError(errors.New("the visitor gives up its upload"))
 		}
@@ -514,4 +514,70 @@ func TestEarlyAnswerWhileUploading(t *testing.T) {
 	if code, _ := visitorStatus(t, e.Client(), mustReq(tunneltest.URL("https", "early", "/hello"))); code != http.StatusOK {
 		t.Fatalf("the edge after the uploads: %d", code)
 	}
+}
+
+// TestResponseBrokenOffBeforeBody: an agent whose response head crosses
+// the tunnel and whose stream then ends before a byte of the body gets its
+// visitor the edge's 502 bad_response (tunnel_interrupted when the whole
+// session ends), over HTTP/1.1 and HTTP/2, with none of the broken
+// response's fields; not a connection cut or a stream reset with nothing
+// on it, which is what the reverse proxy alone gives once it has passed
+// the status on.
+func TestResponseBrokenOffBeforeBody(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	for _, session := range []bool{false, true} {
+		for _, h2 := range []bool{false, true} {
+			name := fmt.Sprintf("cut-%v-%v", session, h2)
+			r, _ := e.DialRaw(t, hello(""))
+			if m, ok := r.Bind(t, &mux.Bind{Subdomain: name}).(*mux.BindOK); !ok {
+				t.Fatalf("bind %s: %v", name, m)
+			}
+			go func() {
+				for {
+					st, err := r.YS.AcceptStream()
+					if err != nil {
+						return
+					}
+					go func() {
+						defer st.Close()
+						if _, err := http.ReadRequest(bufio.NewReader(st)); err != nil {
+							return
+						}
+						io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Local: broken\r\n\r\n")
+						if session {
+							r.YS.Close() // the head is ahead of the session's end in the connection
+						}
+					}()
+				}
+			}()
+			c := e.Client()
+			if !h2 {
+				http1Only(c)
+			}
+			resp, err := c.Get(tunneltest.URL("https", name, "/"))
+			if err != nil {
+				t.Fatalf("session ends %v, h2 %v: no response: %v", session, h2, err)
+			}
+			resp.Body.Close()
+			if (resp.ProtoMajor == 2) != h2 {
+				t.Fatalf("h2 %v: the visitor spoke %s", h2, resp.Proto)
+			}
+			code, want := resp.Header.Get(mux.ErrorHeader), mux.CodeBadResponse
+			if session {
+				want = mux.CodeTunnelInterrupted
+			}
+			if resp.StatusCode != http.StatusBadGateway || code != string(want) || resp.Header.Get("X-Local") != "" {
+				t.Errorf("session ends %v, h2 %v: %d %s=%q X-Local=%q, want 502 %s and no field of the broken response",
+					session, h2, resp.StatusCode, mux.ErrorHeader, code, resp.Header.Get("X-Local"), want)
+			}
+			c.CloseIdleConnections()
+		}
+	}
+}
+
+// http1Only makes c, one of tunneltest.Edge's clients, speak HTTP/1.1 only.
+func http1Only(c *http.Client) {
+	tr := c.Transport.(*http.Transport)
+	tr.Protocols = new(http.Protocols)
+	tr.Protocols.SetHTTP1(true)
 }

@@ -148,9 +148,38 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 	// Let bodies stream both ways at once, as the local service may
 	// answer while the visitor is still uploading.
 	http.NewResponseController(w).EnableFullDuplex()
-	w, r, done := e.visitorTimeouts(w, r)
+	vw, r, done := e.visitorTimeouts(w, r)
 	defer done()
-	proxy.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+	defer func() {
+		p := recover()
+		switch {
+		case p == nil:
+			vw.start() // a response without a body: its status goes now
+		case p == http.ErrAbortHandler && vw.unstarted():
+			// The response broke off (the session died, the stream
+			// ended) after its head crossed the tunnel but before any
+			// of it reached the visitor, who can still be told why.
+			e.visitorFailed(vw, r, rt.hostname, rt.brokenOff())
+			vw.start()
+		default:
+			panic(p)
+		}
+	}()
+	proxy.ServeHTTP(vw, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+}
+
+// errBrokenOff: a response broke off before any of it was passed on.
+var errBrokenOff = errors.New("edge: the response broke off before its body")
+
+// brokenOff says why a response broke off before its body: the session's
+// end (or the owning edge's, for a forwarded request), or, the session
+// alive, its agent ending the stream: a broken response, as a stream that
+// ends before its head is (exchange.readError).
+func (rt route) brokenOff() error {
+	if s := rt.s; s != nil && !s.isClosed() && !s.ys.IsClosed() {
+		return errors.Join(errBadResponse, errBrokenOff)
+	}
+	return errBrokenOff
 }
 
 // newProxy builds the reverse proxy every visitor request takes. forwarded:

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -26,7 +27,7 @@ import (
 // after that (the stream's writer goroutine sends what it has left when
 // the agent answered early), but the response writer is the server's no
 // more.
-func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ http.ResponseWriter, _ *http.Request, done func()) {
+func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ *visitorWriter, _ *http.Request, done func()) {
 	rc := http.NewResponseController(w)
 	vw := &visitorWriter{ResponseWriter: w, rc: rc, timeout: e.cfg.WriteTimeout, m: e.metrics}
 	if r.ProtoMajor == 1 {
@@ -43,13 +44,21 @@ func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ http.R
 
 // visitorWriter moves the write deadline forward before each write, and
 // over HTTP/1.1 with TLS gathers each write's records into one syscall
-// (mux.Cork).
+// (mux.Cork). It holds a response's final status until the first byte of
+// its body, a flush or the handler's end: a response that breaks off
+// before any of it reached the visitor can still be answered with the
+// edge's code (serveRoute), where the reverse proxy would abort the
+// visitor's connection or stream with nothing on it.
 type visitorWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
 	tls     *tls.Conn // HTTP/1.1 over TLS: the connection to cork
 	m       *metrics
+
+	started atomic.Bool // the final status is passed on
+	mu      sync.Mutex  // held: the reverse proxy may flush from a timer
+	held    int         // the final status held, 0 if none yet
 }
 
 func (w *visitorWriter) extend() {
@@ -59,6 +68,9 @@ func (w *visitorWriter) extend() {
 }
 
 func (w *visitorWriter) Write(p []byte) (int, error) {
+	if !w.started.Load() {
+		w.start()
+	}
 	w.extend()
 	var uncork mux.Uncorker
 	if w.tls != nil && len(p) > 16<<10 {
@@ -76,15 +88,54 @@ func (w *visitorWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// WriteHeader passes informational responses on but 100 Continue: the
+// WriteHeader passes informational responses on but 100 Continue (the
 // edge's own server sends that when the body is read, if the visitor asked
-// for it.
+// for it), and holds a final one.
 func (w *visitorWriter) WriteHeader(code int) {
 	if code == http.StatusContinue {
 		return
 	}
+	if code >= 200 {
+		w.mu.Lock()
+		if w.held == 0 && !w.started.Load() {
+			w.held = code
+		}
+		w.mu.Unlock()
+		return
+	}
 	w.extend()
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// start passes the held status on, once.
+func (w *visitorWriter) start() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started.Swap(true) || w.held == 0 {
+		return
+	}
+	w.extend()
+	w.ResponseWriter.WriteHeader(w.held)
+}
+
+// FlushError passes the held status on and flushes, for
+// http.ResponseController (the reverse proxy's streaming).
+func (w *visitorWriter) FlushError() error {
+	w.start()
+	return w.rc.Flush()
+}
+
+// unstarted reports whether nothing of the response has been passed on,
+// and if so clears what was held of it: the edge answers in its place.
+func (w *visitorWriter) unstarted() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started.Load() {
+		return false
+	}
+	w.held = 0
+	clear(w.Header())
+	return true
 }
 
 // Unwrap lets http.ResponseController reach the server's writer (Flush,

@@ -1,0 +1,114 @@
+package agent_test
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"errors"
+	"math/big"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// TestBindsFollowHello plays an edge that reads what the agent sends
+// before it answers the hello. An agent whose tunnels need no feature
+// sends its binds at once, a round trip sooner; one with --hostname waits
+// for hello_ok's features, so an older edge (none here) is refused before
+// it could bind another name, and no bind ever reaches it.
+func TestBindsFollowHello(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		hostname string
+	}{{"subdomain", ""}, {"hostname", "app.example.net"}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := tls.Listen("tcp", "127.0.0.1:0", selfSigned(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			cfg := agent.DefaultConfig()
+			cfg.Edge, cfg.Insecure, cfg.Local = ln.Addr().String(), true, "127.0.0.1:1"
+			cfg.Subdomain = "app"
+			if tc.hostname != "" {
+				cfg.Subdomain, cfg.Hostname = "", tc.hostname
+			}
+			cfg.DialTimeout, cfg.BackoffBase, cfg.BackoffCap = 10*time.Second, time.Hour, time.Hour
+			a := tunneltest.StartAgent(t, cfg)
+
+			c, err := ln.Accept()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(20 * time.Second))
+			yc, err := mux.DefaultConfig().Yamux(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ys, err := yamux.Server(c, yc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ys.Close()
+			ctrl, err := ys.AcceptStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m, err := mux.Read(ctrl); err != nil {
+				t.Fatal(err)
+			} else if _, ok := m.(*mux.Hello); !ok {
+				t.Fatalf("first message %s, want hello", m.MessageType())
+			}
+			if tc.hostname != "" {
+				mux.Write(ctrl, &mux.HelloOK{SessionID: 1}) // an edge without features
+				if m, err := mux.Read(ctrl); err == nil {
+					t.Fatalf("the agent sent %s to an edge that cannot bind its hostname", m.MessageType())
+				}
+				<-a.Done()
+				var re *agent.RefusedError
+				if !errors.As(a.Err(), &re) || re.Code != "unsupported" {
+					t.Fatalf("agent ended with %v, want unsupported", a.Err())
+				}
+				return
+			}
+			m, err := mux.Read(ctrl) // before hello_ok
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, ok := m.(*mux.Bind)
+			if !ok || b.Subdomain != "app" {
+				t.Fatalf("second message %+v, want the bind of app", m)
+			}
+			mux.Write(ctrl, &mux.HelloOK{SessionID: 1, Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR}})
+			mux.Write(ctrl, &mux.BindOK{Hostname: "app.example.net", URL: "https://app.example.net", Generation: 1})
+			a.WaitOnline(t)
+		})
+	}
+}
+
+// selfSigned is a TLS server configuration with a fresh self-signed
+// certificate and the agent's ALPN.
+func selfSigned(t *testing.T) *tls.Config {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "127.0.0.1"},
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{mux.ALPN}}
+}

@@ -268,7 +268,7 @@ func (e *Edge) openStream(rt route) (*trackedConn, error) {
 		s.streams.Done()
 		return nil, errors.Join(errNoRoute, err)
 	}
-	return &trackedConn{Conn: st, s: s}, nil
+	return &trackedConn{Conn: st, s: s, id: st.StreamID()}, nil
 }
 
 // proxyError maps a failed exchange of the reverse proxy to the visitor
@@ -318,6 +318,7 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 type trackedConn struct {
 	net.Conn
 	s      *session
+	id     uint32 // the yamux stream's
 	closed atomic.Bool
 }
 

@@ -30,6 +30,7 @@ type session struct {
 	e      *Edge
 	id     uint64
 	ys     *yamux.Session
+	link   net.Conn // the coalescing connection ys runs on
 	remote string
 	log    *slog.Logger
 
@@ -150,12 +151,13 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	ys, err := yamux.Server(mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize)}), yc)
+	link := mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize)})
+	ys, err := yamux.Server(link, yc)
 	if err != nil {
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
 	s := &session{
-		e: e, id: e.nextSession.Add(1), ys: ys, remote: c.RemoteAddr().String(),
+		e: e, id: e.nextSession.Add(1), ys: ys, link: link, remote: c.RemoteAddr().String(),
 		bindings: make(map[string]uint64), closed: make(chan struct{}),
 	}
 	s.log = e.log.With("session", s.id, "remote", s.remote)

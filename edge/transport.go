@@ -108,8 +108,15 @@ func (x *exchange) start(req *http.Request) (*http.Response, error) {
 }
 
 // write writes req to the stream, then arms the tunnel timeout unless the
-// response head is in already.
+// response head is in already. A body larger than the stream's first
+// window waits for the agent to accept the stream (awaitAccept).
 func (x *exchange) write(req *http.Request) error {
+	if req.ContentLength > mux.InitialWindow {
+		if err := x.awaitAccept(req.Context()); err != nil {
+			req.Body.Close() // as req.Write would have
+			return err
+		}
+	}
 	bw := requestWriters.Get().(*bufio.Writer)
 	bw.Reset(x.conn)
 	err := req.Write(bw)
@@ -124,6 +131,48 @@ func (x *exchange) write(req *http.Request) error {
 	return err
 }
 
+// awaitAccept waits, at most the tunnel timeout, until the agent has
+// accepted the stream and with that granted it its whole window. Written
+// at once, the body would leave as yamux's first window, then the rest a
+// round trip later, when the acceptance comes; over a lossy link that
+// first flight of a couple of hundred segments nearly always loses one,
+// and the edge's TCP sender, which has only that flight out when it sees
+// the loss, recovers with a congestion window its size: the upload then
+// took round trips to regain its rate, at half the download's over 100 ms
+// with 1% loss (BENCHMARKS.md, run 10). The wait costs the request head a
+// round trip; its body, which could not have gone further, nothing. A
+// body of unknown length does not wait: it may be a stream whose first
+// bytes are awaited. An agent that has not accepted the stream within the
+// tunnel timeout would not take the body either: the exchange ends as the
+// tunnel timeout ends it (504 tunnel_timeout), rather than hold the
+// visitor until it gives up.
+func (x *exchange) awaitAccept(ctx context.Context) error {
+	wctx, cancel := context.WithTimeout(ctx, x.timeout)
+	defer cancel()
+	if mux.AwaitAnswer(wctx, x.conn.s.link, x.conn.id) {
+		return nil
+	}
+	if ctx.Err() == nil && wctx.Err() != nil {
+		x.timeOut()
+		return errTunnelTimeout
+	}
+	return errNotAccepted
+}
+
+// timeOut ends the exchange as the tunnel timeout ends it. Closing a
+// yamux stream only ends its writing side, so the read of the response
+// head is ended too: an agent that never answers the stream's end, or
+// never accepted the stream, would hold it until the session died.
+func (x *exchange) timeOut() {
+	x.timedOut.Store(true)
+	x.conn.SetReadDeadline(time.Now())
+	x.close()
+}
+
+// errNotAccepted: the session ended, or the visitor left, before the agent
+// accepted an upload's stream.
+var errNotAccepted = errors.New("edge: the agent did not accept the request's stream")
+
 // arm starts the wait for the response head.
 func (x *exchange) arm() {
 	x.mu.Lock()
@@ -131,10 +180,7 @@ func (x *exchange) arm() {
 	if x.headDone {
 		return
 	}
-	x.timer = time.AfterFunc(x.timeout, func() {
-		x.timedOut.Store(true)
-		x.close()
-	})
+	x.timer = time.AfterFunc(x.timeout, x.timeOut)
 }
 
 // headRead stops the wait for the response head, and reports whether it
@@ -143,6 +189,9 @@ func (x *exchange) headRead() (timedOut bool) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.headDone = true
+	if x.timedOut.Load() {
+		return true
+	}
 	if x.timer != nil && !x.timer.Stop() {
 		return x.timedOut.Load()
 	}

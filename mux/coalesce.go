@@ -144,6 +144,7 @@ type coalescedConn struct {
 	hold    time.Duration // holdControl; tests lengthen it
 
 	readDone atomic.Bool // a read returned an error: nothing more will arrive
+	answers  answers     // how far the peer has answered the streams this side opened
 
 	tcp     *net.TCPConn // the socket whose unsent bytes are limited; or nil
 	unsent  int          // its TCP_NOTSENT_LOWAT as last set
@@ -178,8 +179,10 @@ type bulkEnd struct {
 
 func (c *coalescedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.answers.follow(p[:n])
 	if err != nil {
 		c.readDone.Store(true)
+		c.answers.end()
 	}
 	return n, err
 }

@@ -2,6 +2,7 @@ package tunneltest
 
 import (
 	"crypto/tls"
+	"net"
 	"testing"
 	"time"
 
@@ -23,9 +24,20 @@ type RawSession struct {
 // with the edge's answer (hello_ok or error).
 func (e *Edge) DialRaw(t testing.TB, hello *mux.Hello) (*RawSession, mux.Message) {
 	t.Helper()
-	c, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	return e.DialRawOver(t, hello, nil)
+}
+
+// DialRawOver is DialRaw with the session over wrap(the TLS connection),
+// for a test that watches or alters what crosses it; a nil wrap is none.
+func (e *Edge) DialRawOver(t testing.TB, hello *mux.Hello, wrap func(net.Conn) net.Conn) (*RawSession, mux.Message) {
+	t.Helper()
+	tc, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	var c net.Conn = tc
+	if wrap != nil {
+		c = wrap(c)
 	}
 	ys, err := yamux.Client(c, nil)
 	if err != nil {

@@ -161,7 +161,7 @@ func TestConsoleOnATerminal(t *testing.T) {
 	t.Logf("over a %s outage (as a %s one with the default durations): %s reconnect attempts, %d lines scrolled into the terminal's history",
 		outage, 10*outage, attempt[1], scrolled)
 	if scrolled != 0 {
-		t.Errorf("%d lines scrolled off the screen during the outage; the console must redraw in place", scrolled)
+		t.Errorf("%d lines scrolled off the screen during the outage; the console must redraw in place:\n%s", scrolled, pane.scrolled(t))
 	}
 	if n, _ := strconv.Atoi(attempt[1]); n < 3 {
 		t.Errorf("only %d attempts in the outage: the scenario did not exercise the redraw", n)
@@ -190,7 +190,7 @@ func TestConsoleOnATerminal(t *testing.T) {
 		t.Errorf("agent: dead %v, exit %d; want exit %d", dead, code, exitEvicted)
 	}
 	if total := pane.history(t); total > 2 {
-		t.Errorf("%d lines in the terminal's history over the whole run", total)
+		t.Errorf("%d lines in the terminal's history over the whole run:\n%s", total, pane.scrolled(t))
 	}
 }
 
@@ -323,6 +323,11 @@ func (p *tmuxPane) capture(t *testing.T) string { return p.tmux(t, "capture-pane
 
 func (p *tmuxPane) format(t *testing.T, f string) string {
 	return strings.TrimSpace(p.tmux(t, "display-message", "-p", "-t", "t", f))
+}
+
+// scrolled is what has scrolled off the top of the screen, as text.
+func (p *tmuxPane) scrolled(t *testing.T) string {
+	return p.tmux(t, "capture-pane", "-p", "-t", "t", "-S", "-", "-E", "-1")
 }
 
 // history is how many lines have scrolled off the top of the screen.

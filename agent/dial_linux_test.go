@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ngstone/ngstone/internal/wan"
+	"github.com/ngstone/ngstone/internal/wan/wantest"
 )
 
 // TestDialAfterBlackhole dials over a real link (two network namespaces,
@@ -21,14 +22,7 @@ import (
 // again, so it starts with the full initial congestion window. Needs root;
 // it costs about 2 s.
 func TestDialAfterBlackhole(t *testing.T) {
-	if err := wan.Usable(); err != nil {
-		t.Skip(err)
-	}
-	p := &wan.Pair{}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
+	p := wantest.Start(t)
 	p.Set(wan.Symmetric("20ms", 20*time.Millisecond, 0, 0))
 	ln, err := p.A.Listen("tcp", netip.AddrPortFrom(p.AddrA(), 0).String())
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ngstone/ngstone/internal/wan"
+	"github.com/ngstone/ngstone/internal/wan/wantest"
 )
 
 // TestDrainTakesHandshakesUnderWay: a visitor 400 ms away whose SYN has
@@ -23,7 +24,7 @@ import (
 // must let that handshake complete and serve it; a filter that dropped
 // its last ACK would leave the visitor reset after its request.
 func TestDrainTakesHandshakesUnderWay(t *testing.T) {
-	p := startWAN(t)
+	p := wantest.Start(t)
 	p.Set(wan.Symmetric("drain", 400*time.Millisecond, 0, 0))
 	var ln net.Listener
 	if err := p.B.Do(func() (err error) {
@@ -105,23 +106,4 @@ func synReceived(t *testing.T, ns *wan.NS, port string) bool {
 		}
 	}
 	return false
-}
-
-// startWAN joins two network namespaces by an emulated link, or skips
-// where that cannot be done.
-func startWAN(t *testing.T) *wan.Pair {
-	t.Helper()
-	if err := wan.Usable(); err != nil {
-		t.Skip(err)
-	}
-	p := &wan.Pair{}
-	if err := p.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := p.Close(); err != nil {
-			t.Error(err)
-		}
-	})
-	return p
 }

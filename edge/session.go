@@ -151,7 +151,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	link := mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize)})
+	link := mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize), FollowAnswers: true})
 	ys, err := yamux.Server(link, yc)
 	if err != nil {
 		return nil, fmt.Errorf("yamux: %w", err)

@@ -103,10 +103,11 @@ func (a *answers) wait(ctx context.Context, id uint32) bool {
 // trip later: the small first flight's losses put the TCP sender into
 // recovery with a congestion window the size of that flight, which takes
 // round trips to grow back (BENCHMARKS.md, run 10). On any other
-// connection it returns true at once.
+// connection, or one made without CoalesceConfig.FollowAnswers, it returns
+// true at once.
 func AwaitAnswer(ctx context.Context, c net.Conn, id uint32) bool {
 	cc, ok := c.(*coalescedConn)
-	if !ok {
+	if !ok || !cc.cfg.FollowAnswers {
 		return true
 	}
 	return cc.answers.wait(ctx, id)

@@ -20,7 +20,7 @@ func answered(c net.Conn, id uint32, d time.Duration) bool {
 
 func TestAwaitAnswerUnderYamux(t *testing.T) {
 	client, server := tcpPair(t)
-	cc := Coalesce(client)
+	cc := CoalesceWith(client, CoalesceConfig{FollowAnswers: true})
 	yc := yamux.DefaultConfig()
 	yc.AcceptBacklog = 1
 	yc.LogOutput = bytes.NewBuffer(nil)
@@ -29,7 +29,7 @@ func TestAwaitAnswerUnderYamux(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cs.Close() })
-	sc := Coalesce(server)
+	sc := CoalesceWith(server, CoalesceConfig{FollowAnswers: true})
 	ss, err := yamux.Server(sc, nil)
 	if err != nil {
 		t.Fatal(err)

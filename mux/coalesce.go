@@ -100,6 +100,11 @@ type CoalesceConfig struct {
 	// net.core.wmem_max. It bounds kernel memory only: what it holds is in
 	// flight, or unsent within UnsentLimit.
 	SendBuffer int
+	// FollowAnswers makes the connection follow the frames it reads for
+	// the peer's answers to the streams this side opens, which
+	// AwaitAnswer waits for: for the side that opens streams and waits on
+	// them (the edge), not for every read of the other.
+	FollowAnswers bool
 }
 
 // Coalesce wraps the connection given to yamux.Client or yamux.Server so
@@ -179,7 +184,9 @@ type bulkEnd struct {
 
 func (c *coalescedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.answers.follow(p[:n])
+	if c.cfg.FollowAnswers {
+		c.answers.follow(p[:n])
+	}
 	if err != nil {
 		c.readDone.Store(true)
 		c.answers.end()

@@ -15,11 +15,12 @@ type spareOpener interface {
 // a body (mux.InitialWindow); a stream the agent opened grants the edge
 // its whole window from the start. The spare waits, with no deadline, for
 // the first byte of a request; it is then served as a stream the edge
-// opened would be, and the next spare is opened. The keeper ends with the
-// session, or when the edge closes a spare unused: an edge that does so
-// does not want one.
+// opened would be, and the next spare is opened. A spare the edge closes
+// unused (it took it for a visitor who left before the request was
+// written) is replaced too, but not after maxUnusedSpares in a row: such
+// an edge does not want them. The keeper ends with the session.
 func (a *Agent) keepSpare(so spareOpener, sl *streamListener, w *workers, hand *handoff) {
-	for {
+	for unused := 0; unused < maxUnusedSpares; {
 		st, err := so.OpenSpare()
 		if err != nil {
 			return
@@ -27,11 +28,17 @@ func (a *Agent) keepSpare(so spareOpener, sl *streamListener, w *workers, hand *
 		var b [1]byte
 		if n, _ := st.Read(b[:]); n == 0 {
 			st.Close()
-			return
+			unused++
+			continue
 		}
+		unused = 0
 		a.dispatch(w, sl.wrap(&primedConn{Conn: st, first: b[0], primed: true}), hand)
 	}
 }
+
+// maxUnusedSpares is how many spares in a row the edge may close unused
+// before the agent opens no more on the session.
+const maxUnusedSpares = 3
 
 // primedConn is a stream whose first byte has been read already.
 type primedConn struct {

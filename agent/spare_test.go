@@ -104,8 +104,8 @@ func exchange(t *testing.T, st net.Conn, req string) (int, string) {
 // TestSpareStream: given an edge that lists mux.FeatureSpareStream, the
 // agent keeps one stream open towards it in advance; a request written
 // on it is served as on a stream the edge opened, after which the agent
-// opens the next spare. An edge that closes a spare unused gets no more,
-// and its own streams are still served. An edge without the feature never
+// opens the next spare. A spare the edge closes unused is replaced, but
+// not after three in a row, and the edge's own streams are still served. An edge without the feature never
 // sees a stream from the agent beyond the control stream.
 func TestSpareStream(t *testing.T) {
 	b := tunneltest.StartBackend(t)
@@ -130,9 +130,19 @@ func TestSpareStream(t *testing.T) {
 		if next.StreamID() == first.StreamID() {
 			t.Fatalf("the next spare has the first one's id %d", next.StreamID())
 		}
-		next.Close() // unused: this edge wants no more
+		// Spares closed unused are replaced, up to three in a row.
+		for i := 1; ; i++ {
+			last := next.StreamID()
+			next.Close()
+			if i == 3 {
+				break
+			}
+			if next = e.accept(t, 10*time.Second); next == nil || next.StreamID() <= last {
+				t.Fatalf("no new spare after %d closed unused (%v)", i, next)
+			}
+		}
 		if extra := e.accept(t, 300*time.Millisecond); extra != nil {
-			t.Fatalf("a spare (stream %d) after the edge closed one unused", extra.StreamID())
+			t.Fatalf("a spare (stream %d) after the edge closed three unused", extra.StreamID())
 		}
 		st, err := e.ys.OpenStream()
 		if err != nil {

@@ -543,9 +543,10 @@ func TestClusterTokenSessionLimit(t *testing.T) {
 // agent's own as for a subdomain, on one edge and across two edges of a
 // cluster (the agents on the second): another instance is refused while
 // the holder is live, the same instance takes the name over at once with
-// a higher generation, the evicted session's release deletes nothing of
-// the new holder's (compare-and-delete), and a graceful stop releases it.
-// Visitors reach it by its own Host on either edge.
+// a higher generation, a graceful stop releases it, and the late release
+// of a session that ended holding it deletes nothing of the new holder's
+// (compare-and-delete; lateRelease). Visitors reach it by its own Host on
+// either edge.
 func TestOwnHostnameRules(t *testing.T) {
 	const host = "app.example.test"
 	pol := func(cfg *edge.Config) {

@@ -34,7 +34,7 @@ import (
 func strayServer(t *testing.T, mode string, later time.Duration) (addr string, closed <-chan struct{}) {
 	t.Helper()
 	gone := make(chan struct{}, 1000)
-	return serveConns(t, func(c net.Conn) {
+	return tunneltest.ServeConns(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
 			req, err := http.ReadRequest(br)
@@ -207,38 +207,13 @@ func TestSlowUploads(t *testing.T) {
 // closes the connection.
 func rawLocal(t *testing.T, replies map[string]string) string {
 	t.Helper()
-	return serveConns(t, func(c net.Conn) {
+	return tunneltest.ServeConns(t, func(c net.Conn) {
 		req, err := http.ReadRequest(bufio.NewReader(c))
 		if err != nil {
 			return
 		}
 		io.WriteString(c, replies[req.URL.Path])
 	})
-}
-
-// serveConns serves each connection to a loopback listener with serve
-// (closing it after), until the test ends, and returns its address.
-func serveConns(t *testing.T, serve func(net.Conn)) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				serve(c)
-			})
-		}
-	})
-	return ln.Addr().String()
 }
 
 // TestFramingVisitorMatchesLog: for each framing a local service may send,

@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -361,31 +362,16 @@ func TestBannedAddressToldWhy(t *testing.T) {
 // net/http's own, which prints the bytes (another visitor's, in general),
 // and neither they nor net/http's line may reach the log.
 func TestStrayBytesWarned(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			if _, err := http.ReadRequest(br); err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					if _, err := http.ReadRequest(br); err != nil {
-						return
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nstray-secret")
-				}
-			})
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nstray-secret")
 		}
 	})
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	_, port, _ := net.SplitHostPort(local)
 	data := t.TempDir()
 	ports := freePorts(t, 3)
 	startProc(t, nil, edgeArgs(data, ports)...)

@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -550,6 +552,26 @@ func TestLocalFailureWarnings(t *testing.T) {
 	logs.Reset()
 	do(t, a, "GET", "")
 	if want := "failures_not_logged=2"; !strings.Contains(logs.String(), want) {
+		t.Errorf("log %q lacks %q", logs.String(), want)
+	}
+}
+
+// TestHTTP2OnlyLocalServiceHint: a gRPC server behind a tunnel left at
+// HTTP/1.1 answers with its HTTP/2 SETTINGS frame; the visitor gets 502
+// bad_response and the warning names the flag that fixes it.
+func TestHTTP2OnlyLocalServiceHint(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	go srv.Serve(ln)
+	defer srv.Stop()
+	var logs strings.Builder
+	a := relayAgentWith(t, ln.Addr().String(), Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	resp, body := do(t, a, "POST", "hello")
+	wantVisitorError(t, resp, body, mux.CodeBadResponse)
+	if want := "--upstream-protocol http2"; !strings.Contains(logs.String(), want) {
 		t.Errorf("log %q lacks %q", logs.String(), want)
 	}
 }

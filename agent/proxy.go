@@ -158,6 +158,10 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
 	sl := &streamListener{Listener: ln, a: a, held: held}
 	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
+	var spares sync.WaitGroup
+	if so, ok := ln.(spareOpener); ok {
+		spares.Go(func() { a.keepSpare(so, sl, w, hand) })
+	}
 	for {
 		c, err := sl.Accept()
 		if err != nil {
@@ -165,6 +169,7 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 		}
 		a.dispatch(w, c.(*streamConn), hand)
 	}
+	spares.Wait() // the session is over: so are the spare's read and open
 	close(w.done)
 	hand.closeAndWait()
 	srv.Close()
@@ -177,7 +182,8 @@ type streamListener struct {
 	a    *Agent
 	held *mux.Tracker
 
-	local, remote net.Addr // the session's, formatted once (Accept's goroutine)
+	addrs         sync.Once
+	local, remote net.Addr // the session's, formatted once
 }
 
 func (l *streamListener) Accept() (net.Conn, error) {
@@ -185,12 +191,16 @@ func (l *streamListener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	return l.wrap(c), nil
+}
+
+// wrap counts c, a stream of the session with a request on it, in the
+// agent's WaitGroup and the drain's tracker.
+func (l *streamListener) wrap(c net.Conn) *streamConn {
 	l.a.wg.Add(1) // while serveStreams holds one: never from zero
 	l.held.Add()
-	if l.remote == nil {
-		l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr())
-	}
-	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}, nil
+	l.addrs.Do(func() { l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr()) })
+	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}
 }
 
 // fixedAddr is an address formatted once: every stream of a session has

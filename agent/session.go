@@ -45,6 +45,7 @@ type conn struct {
 	readerDone chan struct{} // closed when readControl returns
 	unbound    chan string   // the hostnames the edge confirms unbound
 	streams    mux.Tracker   // exchanges in flight, for the drain
+	spare      bool          // the edge takes a spare stream (mux.FeatureSpareStream)
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it
@@ -302,6 +303,7 @@ func (c *conn) readHelloOK(sent time.Time) error {
 		a.setLatency(time.Since(sent))
 		c.id = m.SessionID
 		a.useResponseHeadLimit(m.MaxResponseHead)
+		c.spare = slices.Contains(m.Features, mux.FeatureSpareStream)
 		return a.edgeDoes(m.Features)
 	case *mux.Error:
 		if mux.Retryable(m.Code) {
@@ -677,7 +679,11 @@ func (c *conn) drain() {
 // the session closes. An exchange holds up the drain from accept to its
 // end; an upgraded one no longer does.
 func (c *conn) serveStreams() {
-	c.a.serveStreams(sessionListener{c.ys}, &c.streams)
+	var ln net.Listener = sessionListener{c.ys}
+	if c.spare {
+		ln = spareListener{sessionListener{c.ys}}
+	}
+	c.a.serveStreams(ln, &c.streams)
 }
 
 // sessionListener accepts the edge's streams; the session's owner closes it.
@@ -686,3 +692,9 @@ type sessionListener struct{ ys *yamux.Session }
 func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream() }
 func (l sessionListener) Close() error              { return nil }
 func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }
+
+// spareListener is the listener of a session whose edge takes a spare
+// stream from the agent (mux.FeatureSpareStream).
+type spareListener struct{ sessionListener }
+
+func (l spareListener) OpenSpare() (net.Conn, error) { return l.ys.OpenStream() }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -120,6 +121,14 @@ func localHint(local *url.URL, code string, err error) string {
 		return "nothing accepts connections at " + hostPort(local) + ": is the local service running?"
 	case code == mux.CodeUpstreamTimeout:
 		return "the local service sent no response headers within --upstream-timeout"
+	case code == mux.CodeBadResponse && strings.Contains(err.Error(), http2Answer):
+		return "the local service answered in HTTP/2 (a gRPC server?): run the tunnel with --upstream-protocol http2"
 	}
 	return ""
 }
+
+// http2Answer is how net/http reports an HTTP/2 frame where it read for an
+// HTTP/1.1 status line, as an h2c-only server (a gRPC server) sends its
+// SETTINGS frame: a frame starts with its 24-bit length, whose first byte
+// is 0 for any frame under 64 KiB, and no status line starts with NUL.
+const http2Answer = `malformed HTTP response "\x00`

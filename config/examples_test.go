@@ -105,7 +105,13 @@ func TestExampleTunnelsYAML(t *testing.T) {
 		t.Fatalf("load tunnels.yaml: %v", err)
 	}
 	if len(cfg.Tunnels) != 3 || cfg.Tunnels[1].Name != "api" || !cfg.Tunnels[1].UpstreamInsecure || cfg.Tunnels[2].UpstreamProtocol != "http2" {
-		t.Errorf("tunnels.yaml loaded as %+v", cfg.Tunnels)
+		t.Fatalf("tunnels.yaml loaded as %+v", cfg.Tunnels)
+	}
+	// An entry's visitor policy and header rules are its own.
+	web, api := cfg.Tunnels[0], cfg.Tunnels[1]
+	if !slices.Equal(api.AllowCIDR, []string{"192.0.2.0/24"}) || !slices.Equal(api.RequestHeaderAdd, []string{"X-Env: dev"}) ||
+		len(web.AllowCIDR) != 0 || len(web.RequestHeaderAdd) != 0 {
+		t.Errorf("per-tunnel allow-cidr and request-header-add: web %q %q, api %q %q", web.AllowCIDR, web.RequestHeaderAdd, api.AllowCIDR, api.RequestHeaderAdd)
 	}
 }
 

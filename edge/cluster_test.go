@@ -543,9 +543,10 @@ func TestClusterTokenSessionLimit(t *testing.T) {
 // agent's own as for a subdomain, on one edge and across two edges of a
 // cluster (the agents on the second): another instance is refused while
 // the holder is live, the same instance takes the name over at once with
-// a higher generation, the evicted session's release deletes nothing of
-// the new holder's (compare-and-delete), and a graceful stop releases it.
-// Visitors reach it by its own Host on either edge.
+// a higher generation, a graceful stop releases it, and the late release
+// of a session that ended holding it deletes nothing of the new holder's
+// (compare-and-delete; lateRelease). Visitors reach it by its own Host on
+// either edge.
 func TestOwnHostnameRules(t *testing.T) {
 	const host = "app.example.test"
 	pol := func(cfg *edge.Config) {
@@ -564,8 +565,9 @@ func TestOwnHostnameRules(t *testing.T) {
 				b = a
 			}
 			backend := tunneltest.StartBackend(t)
-			run := func(e *tunneltest.Edge, instance string) *tunneltest.Agent {
-				ac := e.AgentConfig("", backend.Addr())
+			// run starts an agent for host on e, or through a path to it.
+			run := func(e *tunneltest.Edge, instance string, path ...string) *tunneltest.Agent {
+				ac := e.AgentConfig(strings.Join(path, ""), backend.Addr())
 				ac.Token, ac.Hostname, ac.InstanceID = "t", host, instance
 				return tunneltest.StartAgent(t, ac)
 			}
@@ -582,18 +584,19 @@ func TestOwnHostnameRules(t *testing.T) {
 				body, _ := io.ReadAll(resp.Body)
 				return resp.StatusCode, string(body)
 			}
-			holder := func() edge.Tunnel {
+			bound := func(name string) edge.Tunnel {
 				ts, err := a.Tunnels(context.Background())
 				if err != nil {
 					t.Fatal(err)
 				}
 				for _, tn := range ts {
-					if tn.Hostname == host {
+					if tn.Hostname == name {
 						return tn
 					}
 				}
 				return edge.Tunnel{}
 			}
+			holder := func() edge.Tunnel { return bound(host) }
 
 			first := run(a, instX)
 			s1 := first.WaitOnline(t)
@@ -639,6 +642,8 @@ func TestOwnHostnameRules(t *testing.T) {
 			if code, _ := visit(a, "http"); code != http.StatusNotFound {
 				t.Fatalf("visit after release = %d, want 404", code)
 			}
+
+			lateRelease(t, a, b, run, bound, host)
 		})
 	}
 }
@@ -650,4 +655,37 @@ func e2eGet(e *tunneltest.Edge, url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// lateRelease: the holder's link to b is cut, so its session ends holding
+// host (b releases such a binding once --heartbeat-timeout has passed), and
+// the same instance takes the name back at once on a new session, through
+// a (the other edge, in a cluster). The old session's release, when its
+// time comes, must delete nothing of the new one's: compare-and-delete. A
+// witness, another agent's name whose link to b is cut after that, is
+// released by a later pass of the same reaper, so once it is gone the late
+// release has run.
+func lateRelease(t *testing.T, a, b *tunneltest.Edge, run func(*tunneltest.Edge, string, ...string) *tunneltest.Agent,
+	bound func(string) edge.Tunnel, host string) {
+	t.Helper()
+	link, wlink := tunneltest.StartFaultProxy(t, b.Addr("control").String()), tunneltest.StartFaultProxy(t, b.Addr("control").String())
+	wc := b.AgentConfig(wlink.Addr(), tunneltest.StartBackend(t).Addr())
+	wc.Token, wc.Subdomain = "t", "witness"
+	tunneltest.StartAgent(t, wc).WaitOnline(t)
+	witness := "witness." + tunneltest.Domain
+
+	holder := run(b, instX, link.Addr())
+	s1 := holder.WaitOnline(t)
+	link.SetTarget(a.Addr("control").String())
+	link.Reset()
+	s2 := holder.WaitStatus(t, 10*time.Second, "the name back on a new session", func(s agent.Status) bool {
+		return s.State == agent.StateOnline && s.Generation > s1.Generation
+	})
+	wlink.Close()
+	tunneltest.Eventually(t, 10*time.Second, "the witness released after its session's grace", func() bool {
+		return bound(witness).Hostname == ""
+	})
+	if h := bound(host); h.SessionID != s2.SessionID || h.Generation != s2.Generation || !h.Online {
+		t.Fatalf("after the old session's release %s is %+v, want the new session's (%d, generation %d)", host, h, s2.SessionID, s2.Generation)
+	}
 }

@@ -244,24 +244,44 @@ func modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// dialStream opens a new yamux stream on the request's session.
-func (e *Edge) dialStream(ctx context.Context) (*trackedConn, error) {
-	rt, ok := ctx.Value(routeKey{}).(route)
+// dialStream gives req a stream of its own on its session: the agent's
+// spare for a body yamux's first window would hold back (spareFor), else
+// a new one.
+func (e *Edge) dialStream(req *http.Request) (*trackedConn, error) {
+	rt, ok := req.Context().Value(routeKey{}).(route)
 	if !ok {
 		return nil, errNoRoute
 	}
-	return e.openStream(rt)
+	return e.openStream(rt, spareFor(req))
 }
 
-// openStream opens a new stream on rt's session, counted against the
-// session's limit of concurrent requests.
-func (e *Edge) openStream(rt route) (*trackedConn, error) {
+// spareFor reports whether req's body is one to send on the agent's spare
+// stream: longer than a new stream's first window, or of unknown length
+// (a chunked upload, a gRPC stream), which may be.
+func spareFor(req *http.Request) bool {
+	if req.Body == nil || req.Body == http.NoBody {
+		return false
+	}
+	return req.ContentLength > mux.InitialWindow || req.ContentLength < 0
+}
+
+// openStream gives a request on rt's session a stream, counted against
+// the session's limit of concurrent requests: the agent's spare when
+// spare is set and there is one, else a new stream. The spare is taken
+// under the same checks as a new stream: it serves one request, routed
+// to a binding the session still holds.
+func (e *Edge) openStream(rt route, spare bool) (*trackedConn, error) {
 	s := rt.s
 	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
 		return nil, errNoRoute
 	}
 	if !s.streams.TryAdd(e.cfg.MaxStreamsPerSession) {
 		return nil, errTooManyStreams
+	}
+	if spare {
+		if st := s.spare.Swap(nil); st != nil {
+			return &trackedConn{Conn: st, s: s, id: st.StreamID(), opened: true}, nil
+		}
 	}
 	st, err := s.ys.OpenStream()
 	if err != nil {
@@ -319,6 +339,7 @@ type trackedConn struct {
 	net.Conn
 	s      *session
 	id     uint32 // the yamux stream's
+	opened bool   // the agent's spare: open both ways, its window granted
 	closed atomic.Bool
 }
 

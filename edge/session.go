@@ -19,7 +19,8 @@ import (
 )
 
 // maxAgentStreams is how many streams an agent may try to open towards the
-// edge (beyond its control stream) before its session is closed.
+// edge, beyond its control stream and its spares, before its session is
+// closed.
 const maxAgentStreams = 3
 
 // controlWriteTimeout bounds one write on a control stream.
@@ -41,6 +42,9 @@ type session struct {
 	hello      atomic.Bool
 	lastBeat   atomic.Int64 // unix nanoseconds
 	streams    mux.Tracker
+	// spare is the stream the agent opened in advance, unused yet
+	// (mux.FeatureSpareStream); nil while there is none.
+	spare atomic.Pointer[yamux.Stream]
 
 	writeMu sync.Mutex
 	// bindMu is held from a bind's registry grant to its reply, and by an
@@ -91,7 +95,7 @@ func (e *Edge) handleAgent(ctx context.Context, c net.Conn) {
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
-		s.refuseAgentStreams()
+		s.acceptAgentStreams()
 	}()
 	s.readControl(ctx)
 }
@@ -243,7 +247,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureSpareStream}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -293,17 +297,24 @@ func (e *Edge) refuseSessionLimit(s *session, max int) error {
 	return errors.New("token session limit")
 }
 
-// refuseAgentStreams closes every stream the agent opens after its control
-// stream: only the edge opens streams. Too many attempts close the session.
-func (s *session) refuseAgentStreams() {
-	for n := 1; ; n++ {
+// acceptAgentStreams keeps the stream the agent opens in advance for the
+// next large request body (mux.FeatureSpareStream), one at a time, and
+// closes every other stream the agent opens. An agent opens its next spare
+// only once the edge has written to the last one, so a stream that finds
+// the place taken is one a well-behaved agent never opens: too many of
+// those close the session.
+func (s *session) acceptAgentStreams() {
+	for refused := 0; ; {
 		st, err := s.ys.AcceptStream()
 		if err != nil {
 			return
 		}
+		if s.spare.CompareAndSwap(nil, st) {
+			continue
+		}
 		st.Close()
-		if n >= maxAgentStreams {
-			s.log.Warn("agent keeps opening streams towards the edge; closing its session", "attempts", n)
+		if refused++; refused >= maxAgentStreams {
+			s.log.Warn("agent keeps opening streams towards the edge; closing its session", "attempts", refused)
 			s.close()
 			return
 		}

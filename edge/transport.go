@@ -46,7 +46,7 @@ var (
 )
 
 func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	conn, err := t.e.dialStream(req.Context())
+	conn, err := t.e.dialStream(req)
 	if err != nil {
 		if req.Body != nil {
 			req.Body.Close()
@@ -109,9 +109,10 @@ func (x *exchange) start(req *http.Request) (*http.Response, error) {
 
 // write writes req to the stream, then arms the tunnel timeout unless the
 // response head is in already. A body larger than the stream's first
-// window waits for the agent to accept the stream (awaitAccept).
+// window waits for the agent to accept the stream (awaitAccept), unless
+// the stream is the agent's own spare.
 func (x *exchange) write(req *http.Request) error {
-	if req.ContentLength > mux.InitialWindow {
+	if req.ContentLength > mux.InitialWindow && !x.conn.opened {
 		if err := x.awaitAccept(req.Context()); err != nil {
 			req.Body.Close() // as req.Write would have
 			return err

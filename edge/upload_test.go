@@ -3,9 +3,12 @@ package edge_test
 import (
 	"bufio"
 	"bytes"
+	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -126,4 +129,112 @@ func TestUploadToAgentThatNeverAccepts(t *testing.T) {
 	if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeTunnelTimeout {
 		t.Fatalf("upload to an agent that never accepts: %d %q, want 504 %s", resp.StatusCode, code, mux.CodeTunnelTimeout)
 	}
+}
+
+// TestLargeUploadOnAgentsSpare: an agent that keeps a spare stream open
+// (the edge lists mux.FeatureSpareStream) gets a large upload on it, sent
+// at once: the edge does not wait for an acceptance the agent's own
+// stream does not need. The spare serves that one request. An agent that
+// opens streams beyond its spare has them closed, and its session too at
+// the third.
+func TestLargeUploadOnAgentsSpare(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
+	e := tunneltest.StartEdge(t, cfg)
+	raw, m := e.DialRaw(t, hello(""))
+	if ok, _ := m.(*mux.HelloOK); ok == nil || !slices.Contains(ok.Features, mux.FeatureSpareStream) {
+		t.Fatalf("hello: %v, want hello_ok listing %s", m, mux.FeatureSpareStream)
+	}
+	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "spare"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind: %v", m)
+	}
+	c := e.Client()
+	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
+	body := bytes.Repeat([]byte("s"), 4*mux.InitialWindow)
+	spare, err := raw.YS.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	onSpare := make(chan error, 1)
+	go func() { onSpare <- answerUpload(spare, body) }()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opened := make(chan net.Conn)
+	go func() {
+		for {
+			st, err := raw.YS.AcceptStreamWithContext(ctx)
+			if err != nil {
+				return
+			}
+			select {
+			case opened <- st:
+			case <-ctx.Done():
+				st.Close()
+				return
+			}
+		}
+	}()
+	// The edge keeps the spare once its goroutine has accepted it; an
+	// upload before that gets a stream of its own, which is answered too,
+	// and the next one is tried (bounded).
+	deadline := time.Now().Add(10 * time.Second)
+	for used := false; !used; {
+		if time.Now().After(deadline) {
+			t.Fatal("no upload came on the agent's spare stream")
+		}
+		done := make(chan error, 1)
+		go func() {
+			resp, err := c.Post(tunneltest.URL("https", "spare", "/"), "application/octet-stream", bytes.NewReader(body))
+			if err == nil {
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+			}
+			done <- err
+		}()
+		select {
+		case err := <-onSpare:
+			if err != nil {
+				t.Fatalf("the upload on the spare: %v", err)
+			}
+			used = true
+		case st := <-opened:
+			if err := answerUpload(st, body); err != nil {
+				t.Fatalf("the upload on a new stream: %v", err)
+			}
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("upload: %v", err)
+		}
+	}
+	// The place is free again: one spare is kept, the next three are
+	// refused, and the third refusal ends the session.
+	for range 4 {
+		if _, err := raw.YS.OpenStream(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-raw.YS.CloseChan():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the session of an agent opening streams beyond its spare is still up")
+	}
+}
+
+// answerUpload reads one request from st, checks that its body is want,
+// and answers 200.
+func answerUpload(st net.Conn, want []byte) error {
+	defer st.Close()
+	st.SetDeadline(time.Now().Add(10 * time.Second))
+	req, err := http.ReadRequest(bufio.NewReader(st))
+	if err != nil {
+		return err
+	}
+	got, err := io.ReadAll(req.Body)
+	if err != nil || !bytes.Equal(got, want) {
+		return fmt.Errorf("read %d of %d bytes: %v", len(got), len(want), err)
+	}
+	_, err = io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+	return err
 }

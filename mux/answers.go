@@ -21,7 +21,9 @@ const (
 // answers follows the frames a coalescing connection reads, and records
 // how far the peer has answered the streams this side opened: the highest
 // stream id whose ACK (accepted, with the rest of the peer's window) or
-// RST (refused) has come. A peer accepts streams in the order their SYNs
+// RST (refused) has come, of the even-numbered streams a yamux server
+// opens: the peer's reset of one of its own streams (odd ids) answers
+// nothing of this side's. A peer accepts streams in the order their SYNs
 // reach it, so an answer to a later stream means an earlier one's came
 // first, or the earlier one was refused. Two streams opened at once may
 // send their SYNs out of order; then the later one's answer stands for
@@ -41,7 +43,7 @@ func (a *answers) follow(p []byte) {
 	for len(p) > 0 {
 		n, header, _, _ := f.step(p)
 		p = p[n:]
-		if header && binary.BigEndian.Uint16(f.hdr[2:])&(yamuxFlagACK|yamuxFlagRST) != 0 {
+		if header && binary.BigEndian.Uint16(f.hdr[2:])&(yamuxFlagACK|yamuxFlagRST) != 0 && f.stream()%2 == 0 {
 			a.note(f.stream())
 		}
 	}

@@ -103,7 +103,9 @@ type CoalesceConfig struct {
 	// FollowAnswers makes the connection follow the frames it reads for
 	// the peer's answers to the streams this side opens, which
 	// AwaitAnswer waits for: for the side that opens streams and waits on
-	// them (the edge), not for every read of the other.
+	// them (the edge), not for every read of the other. That side is the
+	// yamux server, whose streams have even ids: answers to the peer's own
+	// streams are not followed.
 	FollowAnswers bool
 }
 

@@ -263,14 +263,18 @@ func TestStartBadEntries(t *testing.T) {
 
 // TestStartConsole: `ngstone start --all` on a terminal (tmux, 120x40):
 // a Forwarding line per tunnel, a Refused line for the one the edge will
-// not give (a reserved name), and each request line naming its tunnel.
+// not give (a reserved name), each request line naming its tunnel, and,
+// once another agent has taken one name over while this one was stopped,
+// an Evicted line for it while the other goes on serving. About 3 s.
 func TestStartConsole(t *testing.T) {
 	data := t.TempDir()
 	ports := freePorts(t, 3)
-	startProc(t, nil, edgeArgs(data, ports, "--reserved-names", "docs")...)
-	waitHealthy(t, "127.0.0.1:"+ports[2])
+	admin := "127.0.0.1:" + ports[2]
+	startProc(t, nil, edgeArgs(data, ports, "--reserved-names", "docs", "--heartbeat-timeout", "1s")...)
+	waitHealthy(t, admin)
 	file := threeTunnelFile(t, ports[1], filepath.Join(data, "ca.pem"))
-	pane := startTmux(t, 120, 40, "start", "--all", "--config", file, "--inspect=false", "--console-refresh", "100ms")
+	pane := startTmux(t, 120, 40, "start", "--all", "--config", file, "--inspect=false", "--console-refresh", "100ms",
+		"--heartbeat-interval", "100ms", "--heartbeat-timeout", "30s", "--backoff-base", "50ms", "--backoff-cap", "500ms")
 	screen := pane.waitScreen(t, "two tunnels online, one refused", func(s string) bool {
 		return strings.Contains(s, "Forwarding                    shop: http://shop.ngstone.test:"+ports[0]+" -> ") &&
 			strings.Contains(s, "Forwarding                    web: http://web.ngstone.test:"+ports[0]+" -> ") &&
@@ -285,5 +289,33 @@ func TestStartConsole(t *testing.T) {
 	})
 	if dead, _ := pane.exit(t); dead {
 		t.Fatal("the agent exited with two tunnels online")
+	}
+
+	// Stopped past the edge's heartbeat timeout, the agent loses web to
+	// another agent; continued, it says so and serves shop again.
+	pid := pane.pid(t)
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	tunneltest.Eventually(t, 10*time.Second, "the edge to see the stopped agent gone", func() bool {
+		return edgeBindings(t, admin)["web"]["online"] == false
+	})
+	_, otherPort := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "other web") })
+	startProc(t, nil, "http", otherPort, "--edge", "127.0.0.1:"+ports[1], "--ca-file", filepath.Join(data, "ca.pem"),
+		"--subdomain", "web", "--inspect=false").waitLine(t, regexp.MustCompile(`^Forwarding http://web\.ngstone\.test:`))
+	syscall.Kill(pid, syscall.SIGCONT)
+	screen = pane.waitScreen(t, "the Evicted line for web", func(s string) bool {
+		return strings.Contains(s, "Evicted                       web: another agent (another instance) took web.ngstone.test over") &&
+			strings.Contains(s, "Session Status                online")
+	})
+	pane.snapshot(t, tunneltest.ArtifactDir(t), "start-all-evicted", screen)
+	if strings.Contains(screen, "Forwarding                    web:") {
+		t.Errorf("web still shown as forwarded after the takeover:\n%s", screen)
+	}
+	tunneltest.Eventually(t, 10*time.Second, "shop serving again beside the other agent's web", func() bool {
+		return serves(t, "127.0.0.1:"+ports[0], "shop", "shop") && serves(t, "127.0.0.1:"+ports[0], "web", "other web")
+	})
+	if dead, code := pane.exit(t); dead {
+		t.Fatalf("the agent exited (%d) with shop left", code)
 	}
 }

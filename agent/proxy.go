@@ -85,7 +85,7 @@ func (x *exchange) gotFirstByte() {
 }
 
 func (x *exchange) got1xx(code int, h textproto.MIMEHeader) error {
-	if x.n1xx.Add(1) >= mux.Max1xx {
+	if x.n1xx.Add(1) > mux.Max1xx {
 		return errTooMany1xx
 	}
 	if x.out != nil {

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/etcdtest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
@@ -23,18 +25,33 @@ import (
 // at once, racing the edge's registration of their session. Afterwards the
 // edge holds only the sessions of the agents really connected, in memory
 // and (in a cluster) in etcd, and a token limited to three sessions still
-// lets three agents in.
+// lets three agents in. Half the clients use a token without a session
+// limit: the limit would refuse most of them before the edge tries to
+// send their hello_ok, whose failure is the path under test. In the
+// cluster the edge reaches etcd through a proxy that slows every call
+// while they vanish (a slow registry, as when the defect was found), so
+// that they leave during the registry calls rather than before them.
 func TestHelloThenVanish(t *testing.T) {
 	for _, store := range tunneltest.Stores {
 		t.Run(store, func(t *testing.T) {
 			cfg := tunneltest.EdgeConfig(t)
-			cfg.TokenPolicies = []edge.TokenPolicy{{Token: "three", MaxSessions: 3}}
+			cfg.TokenPolicies = []edge.TokenPolicy{{Token: "three", MaxSessions: 3}, {Token: "open"}}
 			cfg.AuthFailureLimit = 0
 			// The agent that stays must not miss a heartbeat while 200
 			// handshakes load the machine: its reconnect would count the
 			// vanishing sessions against the token's limit.
 			cfg.HeartbeatTimeout = 20 * time.Second
-			tunneltest.UseStore(t, &cfg, store)
+			var slow *tunneltest.FaultProxy
+			step := 200 * time.Microsecond // the vanishers' waits, in steps of
+			if store == "etcd" {
+				slow = tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+				step = 10 * time.Millisecond
+			}
+			var endpoints []string
+			if slow != nil {
+				endpoints = []string{"http://" + slow.Addr()}
+			}
+			tunneltest.UseStoreAt(t, &cfg, store, endpoints)
 			e := tunneltest.StartEdge(t, cfg)
 			b := tunneltest.StartBackend(t)
 			stay := e.AgentConfig("", b.Addr())
@@ -42,11 +59,18 @@ func TestHelloThenVanish(t *testing.T) {
 			stay.HeartbeatTimeout = 15 * time.Second
 			tunneltest.StartAgent(t, stay).WaitOnline(t)
 
+			if slow != nil {
+				slow.DelayExisting(50 * time.Millisecond) // each way: a call takes 100 ms more
+			}
 			var wg sync.WaitGroup
 			for i := range 200 {
-				wg.Go(func() { helloAndVanish(t, e, "three", time.Duration(i%10)*200*time.Microsecond, i%10 == 9) })
+				token := map[bool]string{true: "three", false: "open"}[i%2 == 0]
+				wg.Go(func() { helloAndVanish(t, e, token, time.Duration(i%10)*step, i%10 == 9) })
 			}
 			wg.Wait()
+			if slow != nil {
+				slow.DelayExisting(0)
+			}
 			tunneltest.Eventually(t, 10*time.Second, "one session left", func() bool { return e.Sessions() == 1 })
 			if cfg.Cluster != nil {
 				etcd := cfg.Cluster.Store.(*registry.Etcd)

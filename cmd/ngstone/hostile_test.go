@@ -23,6 +23,7 @@ import (
 	"github.com/hashicorp/yamux"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -352,5 +353,47 @@ func TestBannedAddressToldWhy(t *testing.T) {
 	}
 	if n := strings.Count(logs, `"msg":"reconnect attempt"`); n > 3 {
 		t.Errorf("the valid agent retried %d times while refused, want it to wait for the time it was given:\n%s", n, logs)
+	}
+}
+
+// TestStrayBytesWarned: a local service that sends a body after HEAD gets
+// the agent's warning (the connection is closed, and no visitor got the
+// bytes), whichever check found them: on a machine that is not busy it is
+// net/http's own, which prints the bytes (another visitor's, in general),
+// and neither they nor net/http's line may reach the log.
+func TestStrayBytesWarned(t *testing.T) {
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 12\r\n\r\nstray-secret")
+		}
+	})
+	_, port, _ := net.SplitHostPort(local)
+	data := t.TempDir()
+	ports := freePorts(t, 3)
+	startProc(t, nil, edgeArgs(data, ports)...)
+	waitHealthy(t, "127.0.0.1:"+ports[2])
+	a := startProc(t, nil, "http", port, "--edge", "127.0.0.1:"+ports[1], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "stray", "--log-format", "json")
+	a.waitLine(t, forwardingAny)
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", "127.0.0.1:"+ports[0])
+	}}}
+	defer c.CloseIdleConnections()
+	resp, err := c.Head("http://stray.ngstone.test/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("HEAD: %d %s", resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
+	}
+	waitFor(t, 10*time.Second, "the agent's warning of the stray bytes", func() bool {
+		return strings.Contains(a.stderrText(), "sent bytes nobody asked for")
+	})
+	if logs := a.stderrText(); strings.Contains(logs, "stray-secret") || strings.Contains(logs, "Unsolicited") {
+		t.Errorf("the stray bytes, or net/http's line quoting them, reached the agent's log:\n%s", logs)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lmittmann/tint"
@@ -55,14 +56,38 @@ func newConsoleLogger(lc config.Log, events io.Writer) *slog.Logger {
 // stdlogWriter takes what libraries print with the standard logger into
 // the structured log. net/http's transport prints each response a local
 // service sent unasked on an idle connection, with its first bytes, which
-// may be another visitor's data: the agent warns of those itself, without
-// the bytes, so here they are dropped.
-type stdlogWriter struct{ log *slog.Logger }
+// may be another visitor's data. Its own check is what finds them on a
+// machine that is not busy (the agent's finds them when the transport's
+// comes too late), so each becomes the agent's warning, without the
+// bytes, at most every strayWarnEvery.
+type stdlogWriter struct {
+	log *slog.Logger
+
+	mu      sync.Mutex
+	strayAt time.Time // of the last warning of stray bytes
+	unsaid  int       // stray bytes not warned of since
+}
+
+// strayWarnEvery bounds the warnings of stray bytes, as the agent's own.
+const strayWarnEvery = 10 * time.Second
 
 func (w *stdlogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
 	if !strings.HasPrefix(msg, "Unsolicited response received on idle HTTP channel") {
 		w.log.Warn(msg, "from", "net/http")
+		return len(p), nil
+	}
+	w.mu.Lock()
+	due, unsaid := time.Since(w.strayAt) >= strayWarnEvery, w.unsaid
+	if due {
+		w.strayAt, w.unsaid = time.Now(), 0
+	} else {
+		w.unsaid++
+	}
+	w.mu.Unlock()
+	if due {
+		w.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
+			"from", "net/http", "times_not_logged", unsaid)
 	}
 	return len(p), nil
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -160,4 +161,29 @@ func UpgradeRoundTrip(t testing.TB, addr, name string) {
 	if line, err := br.ReadString('\n'); err != nil || line != "echo: ping\n" {
 		t.Fatalf("after the upgrade: %q %v", line, err)
 	}
+}
+
+// ServeConns serves each connection to a loopback listener with serve
+// (closing it after), until the test ends, and returns its address.
+func ServeConns(t testing.TB, serve func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				serve(c)
+			})
+		}
+	})
+	return ln.Addr().String()
 }

@@ -236,10 +236,20 @@ var Stores = []string{"memory", "etcd"}
 // embedded etcd of internal/etcdtest, under a key prefix of the test's own.
 func UseStore(t testing.TB, cfg *edge.Config, store string) {
 	t.Helper()
+	UseStoreAt(t, cfg, store, nil)
+}
+
+// UseStoreAt is UseStore with etcd reached at endpoints (a fault proxy in
+// front of etcdtest's server); nil means etcdtest.Endpoints.
+func UseStoreAt(t testing.TB, cfg *edge.Config, store string, endpoints []string) {
+	t.Helper()
+	if endpoints == nil && store == "etcd" {
+		endpoints = etcdtest.Endpoints(t)
+	}
 	switch store {
 	case "memory":
 	case "etcd":
-		s := registry.NewEtcd(registry.EtcdConfig{Endpoints: etcdtest.Endpoints(t), Prefix: etcdtest.Prefix(t), Node: "edge-1",
+		s := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Prefix: etcdtest.Prefix(t), Node: "edge-1",
 			LeaseTTL: 6 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: time.Second, RouteStaleness: time.Second,
 			Log: Logger().With("side", "registry")})
 		cfg.Cluster = &edge.ClusterConfig{Store: s, Addr: "127.0.0.1:0", Key: strings.Repeat("k", edge.MinClusterKey)}

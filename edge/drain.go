@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // drainingListener is a visitor listener whose graceful close first takes
@@ -56,6 +58,8 @@ func (l *drainingListener) drain(ctx context.Context, settle time.Duration) (hel
 	return held
 }
 
+// Accept also sets each visitor connection's unsent limit
+// (visitorUnsent).
 func (l *drainingListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil && errors.Is(err, net.ErrClosed) {
@@ -63,11 +67,26 @@ func (l *drainingListener) Accept() (net.Conn, error) {
 		defer l.mu.Unlock()
 		if len(l.left) > 0 {
 			c, l.left = l.left[0], l.left[1:]
+			mux.SetUnsentLimit(c, visitorUnsent)
 			return c, nil
 		}
 	}
+	if err == nil {
+		mux.SetUnsentLimit(c, visitorUnsent)
+	}
 	return c, err
 }
+
+// visitorUnsent bounds what a visitor's socket holds not yet sent
+// (TCP_NOTSENT_LOWAT). Without it a response write blocked on a visitor
+// who reads slowly waits until half the socket's send buffer is free, which
+// autotuning grows to megabytes: a visitor reading steadily at tens of KiB
+// a second was cut by --write-timeout as if it had stalled, its write
+// never going on within the timeout. With it the write goes on as the
+// visitor reads, and a slow visitor costs the kernel this much unsent, not
+// a whole buffer. Data in flight is not bounded by it, so a fast visitor's
+// rate is not either: 128 KiB is a millisecond of a gigabit link.
+const visitorUnsent = 128 << 10
 
 // discard closes what drain took and nobody accepted (a hard close).
 func (l *drainingListener) discard() {

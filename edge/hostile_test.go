@@ -581,3 +581,67 @@ func http1Only(c *http.Client) {
 	tr.Protocols = new(http.Protocols)
 	tr.Protocols.SetHTTP1(true)
 }
+
+// TestWriteTimeoutCutsOnlyStalledVisitors: a visitor who reads nothing of a
+// large response is cut once the edge could write nothing for
+// --write-timeout, and counted; one who reads slowly, but keeps reading,
+// is not cut however long the response takes, since the timeout is counted
+// afresh at every write.
+func TestWriteTimeoutCutsOnlyStalledVisitors(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.WriteTimeout = 2 * time.Second
+	e := tunneltest.StartEdge(t, cfg)
+	b := tunneltest.StartBackend(t)
+	acfg := e.AgentConfig("", b.Addr())
+	acfg.Subdomain = "big"
+	tunneltest.StartAgent(t, acfg).WaitOnline(t)
+	const size = 256 << 20
+	visit := func() *net.TCPConn {
+		c, err := net.Dial("tcp", e.Addr("http").String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "GET /download?n=%d HTTP/1.1\r\nHost: big.%s\r\n\r\n", size, tunneltest.Domain)
+		return c.(*net.TCPConn)
+	}
+	cuts := func() float64 { return scrape(t, e, "")[`ngstone_limits_total{limit="write_timeout"}`] }
+	before := cuts()
+	stalled, slow := visit(), visit()
+
+	// The slow visitor reads 16 KiB every 20 ms, for two and a half times
+	// the timeout: each of the edge's writes waits on it far less than that.
+	slowErr := make(chan error, 1)
+	go func() {
+		defer slow.Close()
+		buf := make([]byte, 16<<10)
+		var got int64
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); {
+			slow.SetReadDeadline(time.Now().Add(10 * time.Second))
+			n, err := slow.Read(buf)
+			got += int64(n)
+			if err != nil {
+				slowErr <- fmt.Errorf("the slow visitor's connection ended after %d bytes: %w", got, err)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		slowErr <- nil
+	}()
+
+	tunneltest.Eventually(t, 20*time.Second, "a visitor cut by the write timeout", func() bool { return cuts() > before })
+	if err := <-slowErr; err != nil {
+		t.Fatal(err)
+	}
+	counted := cuts() - before
+	// The kernels still hold what the edge wrote before the cut; read at
+	// once, it ends in the edge's FIN, well short of the body.
+	stalled.SetReadDeadline(time.Now().Add(20 * time.Second))
+	n, err := io.Copy(io.Discard, stalled)
+	if err != nil || n >= size {
+		t.Fatalf("the stalled visitor read %d of %d bytes (%v): want its connection cut", n, size, err)
+	}
+	if counted != 1 {
+		t.Errorf("write_timeout counted %v times by the end of the slow visitor's reading, want 1 (the stalled visitor only)", counted)
+	}
+}

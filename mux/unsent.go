@@ -20,6 +20,17 @@ func setUnsent(tc *net.TCPConn, n int) {
 	rc.Control(func(fd uintptr) { setNotSentLowat(fd, n) })
 }
 
+// SetUnsentLimit sets the TCP connection beneath c (through TLS and
+// batching) to hold at most n bytes not yet sent, where the system has the
+// option: a write blocked on the socket then goes on as soon as what it
+// holds unsent falls under n, not once half the socket's buffer is free,
+// and the kernel holds no more than n unsent bytes for a slow reader.
+func SetUnsentLimit(c net.Conn, n int) {
+	if tc := tcpUnder(c); tc != nil {
+		setUnsent(tc, n)
+	}
+}
+
 // sendBufferSize is the SO_SNDBUF for a socket that should hold n bytes,
 // where the kernel's autotuning grows its buffer to auto at most (the
 // maximum of net.ipv4.tcp_wmem) and caps SO_SNDBUF at capped

@@ -48,6 +48,23 @@ func (r *recorder) find(subs ...string) []string {
 	return out
 }
 
+// await waits, at most 10 s, for a line with all of subs.
+func (r *recorder) await(subs ...string) bool {
+	for deadline := time.Now().Add(10 * time.Second); len(r.find(subs...)) == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
+// text is every line recorded.
+func (r *recorder) text() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return strings.Join(r.lines, "\n")
+}
+
 // TestPropagationErrorNamesResolvers: a record the provider set where the
 // resolvers do not look (the fake API accepts it and writes nowhere)
 // fails with an error naming the record, the resolvers asked and what
@@ -105,8 +122,9 @@ func TestNoSpuriousCleanupError(t *testing.T) {
 	if lines := rec.find("no memory of presenting"); len(lines) > 0 {
 		t.Errorf("spurious clean-up error logged: %q", lines)
 	}
-	if lines := rec.find("ERROR could not obtain certificate", "reason=dns_update", "name="+testDomain); len(lines) == 0 {
-		t.Errorf("the failure was not logged with its name and reason; log:\n%s", strings.Join(rec.lines, "\n"))
+	// The failure is in Status before its log line is written.
+	if !rec.await("ERROR could not obtain certificate", "reason=dns_update", "name="+testDomain) {
+		t.Errorf("the failure was not logged with its name and reason; log:\n%s", rec.text())
 	}
 }
 
@@ -154,10 +172,11 @@ func TestAutocertFailureAtWarn(t *testing.T) {
 	if _, _, err := get(t, p.Roots, ln.Addr().String(), testDomain); err == nil {
 		t.Fatal("issuance succeeded with no challenge reachable")
 	}
-	if lines := rec.find("WARN autocert could not obtain a certificate", "host="+testDomain, "reason="); len(lines) == 0 {
-		t.Errorf("no warn line naming the host and reason; log:\n%s", strings.Join(rec.lines, "\n"))
+	// The server logs a refused handshake after the client has seen it.
+	if !rec.await("WARN autocert could not obtain a certificate", "host="+testDomain, "reason=") {
+		t.Errorf("no warn line naming the host and reason; log:\n%s", rec.text())
 	}
-	if lines := rec.find("WARN TLS handshake refused", "host="+testDomain); len(lines) == 0 {
+	if !rec.await("WARN TLS handshake refused", "host="+testDomain) {
 		t.Errorf("refused handshake not logged at warn")
 	}
 	if _, err := m.p.getCertificate(helloFor(testDomain)); !errors.Is(err, ErrBackoff) {

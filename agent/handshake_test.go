@@ -13,10 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/ngstone/ngstone/agent"
-	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -31,39 +28,14 @@ func TestBindsFollowHello(t *testing.T) {
 		hostname string
 	}{{"subdomain", ""}, {"hostname", "app.example.net"}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := tls.Listen("tcp", "127.0.0.1:0", selfSigned(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ln.Close()
 			cfg := agent.DefaultConfig()
-			cfg.Edge, cfg.Insecure, cfg.Local = ln.Addr().String(), true, "127.0.0.1:1"
 			cfg.Subdomain = "app"
 			if tc.hostname != "" {
 				cfg.Subdomain, cfg.Hostname = "", tc.hostname
 			}
-			cfg.DialTimeout, cfg.BackoffBase, cfg.BackoffCap = 10*time.Second, time.Hour, time.Hour
-			a := tunneltest.StartAgent(t, cfg)
-
-			c, err := ln.Accept()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			c.SetDeadline(time.Now().Add(20 * time.Second))
-			yc, err := mux.DefaultConfig().Yamux(nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ys, err := yamux.Server(c, yc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer ys.Close()
-			ctrl, err := ys.AcceptStream()
-			if err != nil {
-				t.Fatal(err)
-			}
+			a, e := playEdge(t, cfg)
+			ctrl := e.ctrl
+			ctrl.SetDeadline(time.Now().Add(20 * time.Second))
 			if m, err := mux.Read(ctrl); err != nil {
 				t.Fatal(err)
 			} else if _, ok := m.(*mux.Hello); !ok {

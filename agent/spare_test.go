@@ -19,24 +19,28 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// playedEdge is a TLS listener the test answers as an edge would, with
-// the features it chooses.
+// playedEdge is an edge the test answers itself: the yamux session of the
+// agent's one connection, and its control stream.
 type playedEdge struct {
 	ys   *yamux.Session
-	ctrl net.Conn
+	ctrl *yamux.Stream
 }
 
-// startPlayedEdge starts an agent against an edge the test plays, which
-// lists features in its hello_ok and grants the agent's bind of "app".
-func startPlayedEdge(t *testing.T, local string, features ...string) *playedEdge {
+// playEdge starts an agent with cfg (its edge, local service and timeouts
+// set here; Local where cfg has none) against a TLS listener the test
+// answers, and returns the agent and its connection once the control
+// stream is open. Nothing is read from it yet.
+func playEdge(t *testing.T, cfg agent.Config) (*tunneltest.Agent, *playedEdge) {
 	t.Helper()
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", selfSigned(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	cfg := agent.DefaultConfig()
-	cfg.Edge, cfg.Insecure, cfg.Local, cfg.Subdomain = ln.Addr().String(), true, local, "app"
+	cfg.Edge, cfg.Insecure = ln.Addr().String(), true
+	if cfg.Local == "" {
+		cfg.Local = "127.0.0.1:1"
+	}
 	cfg.DialTimeout, cfg.BackoffBase, cfg.BackoffCap = 10*time.Second, time.Hour, time.Hour
 	a := tunneltest.StartAgent(t, cfg)
 	c, err := ln.Accept()
@@ -57,17 +61,27 @@ func startPlayedEdge(t *testing.T, local string, features ...string) *playedEdge
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctrl.SetDeadline(time.Now().Add(20 * time.Second))
+	return a, &playedEdge{ys: ys, ctrl: ctrl}
+}
+
+// startPlayedEdge starts an agent of "app" against a played edge, which
+// lists features in its hello_ok and grants the bind.
+func startPlayedEdge(t *testing.T, local string, features ...string) *playedEdge {
+	t.Helper()
+	cfg := agent.DefaultConfig()
+	cfg.Local, cfg.Subdomain = local, "app"
+	a, e := playEdge(t, cfg)
+	e.ctrl.SetDeadline(time.Now().Add(20 * time.Second))
 	for _, want := range []mux.Type{mux.TypeHello, mux.TypeBind} {
-		if m, err := mux.Read(ctrl); err != nil || m.MessageType() != want {
+		if m, err := mux.Read(e.ctrl); err != nil || m.MessageType() != want {
 			t.Fatalf("read %v (%v), want %s", m, err, want)
 		}
 	}
-	mux.Write(ctrl, &mux.HelloOK{SessionID: 1, Features: features})
-	mux.Write(ctrl, &mux.BindOK{Hostname: "app.example.net", URL: "https://app.example.net", Generation: 1})
-	ctrl.SetDeadline(time.Time{})
+	mux.Write(e.ctrl, &mux.HelloOK{SessionID: 1, Features: features})
+	mux.Write(e.ctrl, &mux.BindOK{Hostname: "app.example.net", URL: "https://app.example.net", Generation: 1})
+	e.ctrl.SetDeadline(time.Time{})
 	a.WaitOnline(t)
-	return &playedEdge{ys: ys, ctrl: ctrl}
+	return e
 }
 
 // accept waits up to d for a stream the agent opens; nil if none came.

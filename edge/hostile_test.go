@@ -645,3 +645,34 @@ func TestWriteTimeoutCutsOnlyStalledVisitors(t *testing.T) {
 		t.Errorf("write_timeout counted %v times by the end of the slow visitor's reading, want 1 (the stalled visitor only)", counted)
 	}
 }
+
+// TestLeftDownloadEndsAtTheAgent: a download whose visitor stopped reading
+// and was cut ends at the agent too, within a bound. The agent had filled
+// the stream's window and was blocked writing; the edge closed the stream
+// and reads no more of it. The edge resets such a stream once the agent has
+// not closed it within a second, where yamux would have kept it for five
+// minutes, the agent's write blocked and a window of its data held in the
+// edge, for every such visitor.
+func TestLeftDownloadEndsAtTheAgent(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.WriteTimeout = 500 * time.Millisecond
+	e := tunneltest.StartEdge(t, cfg)
+	b := tunneltest.StartBackend(t)
+	acfg := e.AgentConfig("", b.Addr())
+	acfg.Subdomain = "left"
+	a := tunneltest.StartAgent(t, acfg)
+	a.WaitOnline(t)
+	cuts := func() float64 { return scrape(t, e, "")[`ngstone_limits_total{limit="write_timeout"}`] }
+	before := cuts()
+	c, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET /download?n=%d HTTP/1.1\r\nHost: left.%s\r\n\r\n", 1<<30, tunneltest.Domain)
+	tunneltest.Eventually(t, 10*time.Second, "the download in flight at the agent", func() bool { return a.Stats().Open == 1 })
+	tunneltest.Eventually(t, 20*time.Second, "the visitor who reads nothing cut", func() bool { return cuts() > before })
+	tunneltest.Eventually(t, 20*time.Second, "the agent's exchange of the cut download to end", func() bool {
+		return a.Stats().Open == 0
+	})
+}

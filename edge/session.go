@@ -23,6 +23,16 @@ import (
 // closed.
 const maxAgentStreams = 3
 
+// closedStreamWait is how long a stream the edge has closed waits for the
+// agent's close before yamux resets it. The edge reads nothing of a stream
+// after closing it, at a response's end or when its visitor left; until
+// the stream is closed on both sides yamux keeps what the agent still
+// sends into its window, unread. A visitor who leaves a download would
+// otherwise leave a window (up to 8 MiB) held for yamux's default of five
+// minutes, and the agent blocked writing it, however many times over; the
+// reset also ends the agent's write.
+const closedStreamWait = time.Second
+
 // controlWriteTimeout bounds one write on a control stream.
 const controlWriteTimeout = 10 * time.Second
 
@@ -155,6 +165,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
+	yc.StreamCloseTimeout = closedStreamWait
 	link := mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize), FollowAnswers: true})
 	ys, err := yamux.Server(link, yc)
 	if err != nil {

@@ -588,24 +588,8 @@ func http1Only(c *http.Client) {
 // is not cut however long the response takes, since the timeout is counted
 // afresh at every write.
 func TestWriteTimeoutCutsOnlyStalledVisitors(t *testing.T) {
-	cfg := tunneltest.EdgeConfig(t)
-	cfg.WriteTimeout = 2 * time.Second
-	e := tunneltest.StartEdge(t, cfg)
-	b := tunneltest.StartBackend(t)
-	acfg := e.AgentConfig("", b.Addr())
-	acfg.Subdomain = "big"
-	tunneltest.StartAgent(t, acfg).WaitOnline(t)
 	const size = 256 << 20
-	visit := func() *net.TCPConn {
-		c, err := net.Dial("tcp", e.Addr("http").String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		fmt.Fprintf(c, "GET /download?n=%d HTTP/1.1\r\nHost: big.%s\r\n\r\n", size, tunneltest.Domain)
-		return c.(*net.TCPConn)
-	}
-	cuts := func() float64 { return scrape(t, e, "")[`ngstone_limits_total{limit="write_timeout"}`] }
+	_, visit, cuts := downloads(t, 2*time.Second, size)
 	before := cuts()
 	stalled, slow := visit(), visit()
 
@@ -654,25 +638,39 @@ func TestWriteTimeoutCutsOnlyStalledVisitors(t *testing.T) {
 // minutes, the agent's write blocked and a window of its data held in the
 // edge, for every such visitor.
 func TestLeftDownloadEndsAtTheAgent(t *testing.T) {
-	cfg := tunneltest.EdgeConfig(t)
-	cfg.WriteTimeout = 500 * time.Millisecond
-	e := tunneltest.StartEdge(t, cfg)
-	b := tunneltest.StartBackend(t)
-	acfg := e.AgentConfig("", b.Addr())
-	acfg.Subdomain = "left"
-	a := tunneltest.StartAgent(t, acfg)
-	a.WaitOnline(t)
-	cuts := func() float64 { return scrape(t, e, "")[`ngstone_limits_total{limit="write_timeout"}`] }
+	a, visit, cuts := downloads(t, 500*time.Millisecond, 1<<30)
 	before := cuts()
-	c, err := net.Dial("tcp", e.Addr("http").String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	fmt.Fprintf(c, "GET /download?n=%d HTTP/1.1\r\nHost: left.%s\r\n\r\n", 1<<30, tunneltest.Domain)
+	visit()
 	tunneltest.Eventually(t, 10*time.Second, "the download in flight at the agent", func() bool { return a.Stats().Open == 1 })
 	tunneltest.Eventually(t, 20*time.Second, "the visitor who reads nothing cut", func() bool { return cuts() > before })
 	tunneltest.Eventually(t, 20*time.Second, "the agent's exchange of the cut download to end", func() bool {
 		return a.Stats().Open == 0
 	})
+}
+
+// downloads starts an edge with writeTimeout and a tunnel "big" to the
+// test backend, and returns its agent, a visit that asks for a download of
+// size bytes over plain HTTP and reads nothing of it (closed at the test's
+// end), and the count of visitors the write timeout cut.
+func downloads(t *testing.T, writeTimeout time.Duration, size int64) (*tunneltest.Agent, func() *net.TCPConn, func() float64) {
+	t.Helper()
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.WriteTimeout = writeTimeout
+	e := tunneltest.StartEdge(t, cfg)
+	b := tunneltest.StartBackend(t)
+	acfg := e.AgentConfig("", b.Addr())
+	acfg.Subdomain = "big"
+	a := tunneltest.StartAgent(t, acfg)
+	a.WaitOnline(t)
+	visit := func() *net.TCPConn {
+		c, err := net.Dial("tcp", e.Addr("http").String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprintf(c, "GET /download?n=%d HTTP/1.1\r\nHost: big.%s\r\n\r\n", size, tunneltest.Domain)
+		return c.(*net.TCPConn)
+	}
+	cuts := func() float64 { return scrape(t, e, "")[`ngstone_limits_total{limit="write_timeout"}`] }
+	return a, visit, cuts
 }

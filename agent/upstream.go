@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/url"
 	"os"
@@ -84,13 +85,34 @@ func (f *localFailures) due() (unsaid int, ok bool) {
 
 // strayBytes warns, at most once every localWarnEvery, of a connection to
 // the local service that received bytes nobody asked for.
-func (t *tunnel) strayBytes() {
-	unsaid, due := t.strays.due()
+func (t *tunnel) strayBytes() { warnStray(t.log, &t.strays, "local", t.local.String()) }
+
+// StrayWarner warns, at most once every 10 s, of the bytes a local service
+// sent unasked that net/http's transport found on an idle connection (a
+// body after HEAD, 204 or 304, or past its Content-Length) before the
+// agent's own check did. The transport reports those only through the
+// standard logger, with the bytes, which may be another visitor's data;
+// the program owns that logger's output, and passes each such report here
+// (Warn) in place of the line.
+type StrayWarner struct {
+	log *slog.Logger
+	f   localFailures
+}
+
+// NewStrayWarner returns a StrayWarner that logs to log.
+func NewStrayWarner(log *slog.Logger) *StrayWarner { return &StrayWarner{log: log} }
+
+// Warn warns of one report, unless one was warned of within 10 s.
+func (w *StrayWarner) Warn() { warnStray(w.log, &w.f, "from", "net/http") }
+
+// warnStray logs the warning of stray bytes, with args, when f allows it.
+func warnStray(log *slog.Logger, f *localFailures, args ...any) {
+	unsaid, due := f.due()
 	if !due {
 		return
 	}
-	t.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
-		"local", t.local.String(), "times_not_logged", unsaid)
+	log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
+		append(args, "times_not_logged", unsaid)...)
 }
 
 // localFailed logs a request the local service failed, as a warning with a

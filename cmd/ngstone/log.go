@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/lmittmann/tint"
 
+	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/config"
 )
 
@@ -34,7 +34,7 @@ func newLogger(lc config.Log, w *os.File) *slog.Logger {
 	}
 	log := slog.New(handler(format, level, w, isTerminal(w)))
 	stdlog.SetFlags(0)
-	stdlog.SetOutput(&stdlogWriter{log: log})
+	stdlog.SetOutput(newStdlogWriter(log))
 	return log
 }
 
@@ -49,45 +49,30 @@ func newConsoleLogger(lc config.Log, events io.Writer) *slog.Logger {
 	}
 	log := slog.New(tint.NewTextHandler(events, &tint.Options{Level: level, TimeFormat: time.TimeOnly, NoColor: true}))
 	stdlog.SetFlags(0)
-	stdlog.SetOutput(&stdlogWriter{log: log})
+	stdlog.SetOutput(newStdlogWriter(log))
 	return log
 }
 
 // stdlogWriter takes what libraries print with the standard logger into
 // the structured log. net/http's transport prints each response a local
 // service sent unasked on an idle connection, with its first bytes, which
-// may be another visitor's data. Its own check is what finds them on a
-// machine that is not busy (the agent's finds them when the transport's
-// comes too late), so each becomes the agent's warning, without the
-// bytes, at most every strayWarnEvery.
+// may be another visitor's data: each becomes the agent's warning of stray
+// bytes, without them (agent.StrayWarner).
 type stdlogWriter struct {
-	log *slog.Logger
-
-	mu      sync.Mutex
-	strayAt time.Time // of the last warning of stray bytes
-	unsaid  int       // stray bytes not warned of since
+	log    *slog.Logger
+	strays *agent.StrayWarner
 }
 
-// strayWarnEvery bounds the warnings of stray bytes, as the agent's own.
-const strayWarnEvery = 10 * time.Second
+func newStdlogWriter(log *slog.Logger) *stdlogWriter {
+	return &stdlogWriter{log: log, strays: agent.NewStrayWarner(log)}
+}
 
 func (w *stdlogWriter) Write(p []byte) (int, error) {
 	msg := strings.TrimSpace(string(p))
-	if !strings.HasPrefix(msg, "Unsolicited response received on idle HTTP channel") {
-		w.log.Warn(msg, "from", "net/http")
-		return len(p), nil
-	}
-	w.mu.Lock()
-	due, unsaid := time.Since(w.strayAt) >= strayWarnEvery, w.unsaid
-	if due {
-		w.strayAt, w.unsaid = time.Now(), 0
+	if strings.HasPrefix(msg, "Unsolicited response received on idle HTTP channel") {
+		w.strays.Warn()
 	} else {
-		w.unsaid++
-	}
-	w.mu.Unlock()
-	if due {
-		w.log.Warn("the local service sent bytes nobody asked for (a body after HEAD, 204 or 304, or past its Content-Length): that connection was closed, and no visitor got them",
-			"from", "net/http", "times_not_logged", unsaid)
+		w.log.Warn(msg, "from", "net/http")
 	}
 	return len(p), nil
 }

@@ -311,9 +311,9 @@ func (e *Edge) refuseSessionLimit(s *session, max int) error {
 // acceptAgentStreams keeps the stream the agent opens in advance for the
 // next large request body (mux.FeatureSpareStream), one at a time, and
 // closes every other stream the agent opens. An agent opens its next spare
-// only once the edge has written to the last one, so a stream that finds
-// the place taken is one a well-behaved agent never opens: too many of
-// those close the session.
+// only once the edge has taken the last one (written to it, or closed it),
+// so a stream that finds the place taken is one a well-behaved agent never
+// opens: too many of those close the session.
 func (s *session) acceptAgentStreams() {
 	for refused := 0; ; {
 		st, err := s.ys.AcceptStream()

@@ -52,8 +52,9 @@ type HelloOK struct {
 	// services to it.
 	MaxResponseHead int64 `json:"max_response_head,omitempty"`
 	// Features lists what the edge does beyond protocol version 1's first
-	// release (FeatureHostname, FeatureVisitorCIDR, FeatureSpareStream): an agent that asks
-	// for one the edge does not list must not go on as if it were done.
+	// release (FeatureHostname, FeatureVisitorCIDR, FeatureSpareStream):
+	// an agent that asks for one the edge does not list must not go on as
+	// if it were done.
 	Features []string `json:"features,omitempty"`
 }
 

@@ -48,6 +48,7 @@ type exchange struct {
 	code   atomic.Value // string: the agent's own error code, when it answered itself
 	n1xx   atomic.Int32 // informational responses passed on
 	cut    bool         // the response was broken off
+	grpc   string       // the grpc-status in the head sent back through exchangeWriter (the agent's own answers)
 	cap    *capture     // what the inspector keeps; nil without one
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
@@ -426,15 +427,19 @@ func visitorHost(r *http.Request) string {
 	return r.Host
 }
 
-// exchangeWriter records the final status the exchange sent back.
+// exchangeWriter records the final status the exchange sent back, and its
+// grpc-status.
 type exchangeWriter struct {
 	http.ResponseWriter
 	x *exchange
 }
 
 func (w *exchangeWriter) WriteHeader(code int) {
-	if code >= 200 || code == http.StatusSwitchingProtocols {
-		w.x.status.CompareAndSwap(0, int64(code))
+	if (code >= 200 || code == http.StatusSwitchingProtocols) && w.x.status.CompareAndSwap(0, int64(code)) {
+		// What a gRPC client reads of an answer of the agent's own
+		// (Trailers-Only): nothing of it goes to the local service, so
+		// the inspector finds it nowhere else.
+		w.x.grpc = w.Header().Get("Grpc-Status")
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

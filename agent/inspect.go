@@ -301,7 +301,13 @@ func (x *exchange) grpcStatus() string {
 	if x.grpc != "" {
 		return x.grpc
 	}
-	resp := x.cap.localResp
+	return localGRPCStatus(x.cap.localResp)
+}
+
+// localGRPCStatus is the grpc-status of resp, a local server's response
+// (nil: none): in its trailers once its body has ended, or in its head (a
+// response of trailers only).
+func localGRPCStatus(resp *http.Response) string {
 	if resp == nil {
 		return ""
 	}
@@ -554,10 +560,14 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	io.Copy(io.Discard, io.LimitReader(resp.Body, inspectBodyMax+1))
 	resp.Body.Close()
 	took := time.Since(start)
-	id := in.add(Capture{
+	kc := Capture{
 		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Tunnel: t.name, Status: resp.StatusCode,
 		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
-	})
+	}
+	if mux.IsGRPC(req) {
+		kc.GRPCStatus = localGRPCStatus(resp)
+	}
+	id := in.add(kc)
 	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took,
 		Replay: true, Tunnel: in.a.shownName(t)})
 	in.a.log.Info("replay", "of", c.ID, "edited", edited, "method", req.Method, "path", req.URL.RequestURI(),

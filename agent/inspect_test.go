@@ -200,7 +200,8 @@ func TestInspectorHeadsAsTheyCrossed(t *testing.T) {
 // TestInspectorKeepsTheAgentsGRPCAnswer: on both of the agent's paths (its
 // own, and the server's it hands a stream to), a gRPC call the agent
 // answers itself is kept with the grpc-status its answer carried, and a
-// call it relays with the local server's (a response of trailers only).
+// call it relays with the local server's (a response of trailers only),
+// as is a replay of that call.
 func TestInspectorKeepsTheAgentsGRPCAnswer(t *testing.T) {
 	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/grpc")
@@ -233,6 +234,13 @@ func TestInspectorKeepsTheAgentsGRPCAnswer(t *testing.T) {
 				}
 				if got := resp.Header.Get("Grpc-Status"); got != tc.want || kept[0].GRPCStatus != got {
 					t.Fatalf("answered grpc-status %q, kept %q; want %s", got, kept[0].GRPCStatus, tc.want)
+				}
+				if tc.name != "relayed" {
+					return
+				}
+				id, err := a.inspect.replay(t.Context(), kept[0], false)
+				if again, _ := a.inspect.get(id); err != nil || again.GRPCStatus != tc.want {
+					t.Fatalf("the replay kept grpc-status %q (%v), want %s", again.GRPCStatus, err, tc.want)
 				}
 			})
 		}

@@ -426,7 +426,10 @@ func visitorHost(r *http.Request) string {
 	return r.Host
 }
 
-// exchangeWriter records the final status the exchange sent back.
+// exchangeWriter records the final status the exchange sent back. A final
+// response without a Content-Type goes on without one (mux.KeepUntyped):
+// the session's server would guess one from its body, where the agent's
+// own path, writing with Response.Write, guesses none.
 type exchangeWriter struct {
 	http.ResponseWriter
 	x *exchange
@@ -435,6 +438,9 @@ type exchangeWriter struct {
 func (w *exchangeWriter) WriteHeader(code int) {
 	if code >= 200 || code == http.StatusSwitchingProtocols {
 		w.x.status.CompareAndSwap(0, int64(code))
+	}
+	if code >= 200 {
+		mux.KeepUntyped(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -391,17 +391,7 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 		}
 		c.Close()
 	})
-	srv := &http.Server{Handler: local}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	cfg := e.AgentConfig("", ln.Addr().String())
-	cfg.Subdomain = "frame"
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	e := serveLocal(t, &http.Server{Handler: local}, "frame")
 	c := e.Client()
 	waiting := e.Client() // waits for 100 Continue before a body
 	waiting.Transport.(*http.Transport).ExpectContinueTimeout = time.Minute
@@ -492,6 +482,23 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveLocal serves srv as a local service on a loopback port until the
+// test ends, and returns an edge where an agent puts it at name.
+func serveLocal(t *testing.T, srv *http.Server, name string) *tunneltest.Edge {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", ln.Addr().String())
+	cfg.Subdomain = name
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	return e
 }
 
 // TestRequestHeadOnTheWire reads the request head as the local service
@@ -626,16 +633,7 @@ func TestNoContentTypeInvented(t *testing.T) {
 			http.NewResponseController(w).Flush() // json: of unknown length, chunked
 		}
 	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	cfg := e.AgentConfig("", ln.Addr().String())
-	cfg.Subdomain = "types"
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	e := serveLocal(t, srv, "types")
 
 	visitors := []struct {
 		name, scheme string

@@ -724,3 +724,49 @@ func seeType(t *testing.T, c *http.Client, req *http.Request) {
 		t.Errorf("%s: body %q, want %q", what, b, want)
 	}
 }
+
+// TestVisitorLeavingCancelsLocalRequest: a visitor who leaves while the
+// local service works on its request cancels the local request, with a
+// body or without, as net/http's server cancels a request whose client
+// went away.
+func TestVisitorLeavingCancelsLocalRequest(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	cancelled := make(chan struct{}, 1)
+	local := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // the watch starts once the body has ended
+		entered <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			cancelled <- struct{}{}
+		case <-time.After(20 * time.Second):
+		}
+	})}
+	e := serveLocal(t, local, "leave")
+	host := "leave." + tunneltest.Domain
+	for name, req := range map[string]string{
+		"GET":  "GET /wait HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST": "POST /wait HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := net.Dial("tcp", e.Addr("http").String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-entered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request never reached the local service")
+			}
+			c.Close()
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the local request was not cancelled after the visitor left")
+			}
+		})
+	}
+}

@@ -157,20 +157,14 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	srv := a.newStreamServer()
 	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
 	sl := &streamListener{Listener: ln, a: a, held: held}
-	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
+	w := &workers{a: a, sl: sl, hand: hand}
 	var spares sync.WaitGroup
 	if so, ok := ln.(spareOpener); ok {
-		spares.Go(func() { a.keepSpare(so, sl, w, hand) })
+		spares.Go(func() { a.keepSpare(so, sl, w) })
 	}
-	for {
-		c, err := sl.Accept()
-		if err != nil {
-			break
-		}
-		a.dispatch(w, c.(*streamConn), hand)
-	}
-	spares.Wait() // the session is over: so are the spare's read and open
-	close(w.done)
+	w.start()
+	w.accepting.Wait() // ln failed: the session is over
+	spares.Wait()      // so are the spare's read and open
 	hand.closeAndWait()
 	srv.Close()
 }
@@ -188,6 +182,27 @@ type streamListener struct {
 
 func (l *streamListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.wrap(c), nil
+}
+
+// contextAcceptor is a listener whose accept ends with a context too.
+type contextAcceptor interface {
+	AcceptContext(context.Context) (net.Conn, error)
+}
+
+// acceptContext accepts the next stream; it ends with ctx when the
+// listener allows (the session's does), else only with the listener.
+func (l *streamListener) acceptContext(ctx context.Context) (*streamConn, error) {
+	var c net.Conn
+	var err error
+	if ca, ok := l.Listener.(contextAcceptor); ok {
+		c, err = ca.AcceptContext(ctx)
+	} else {
+		c, err = l.Listener.Accept()
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -693,6 +693,15 @@ func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream()
 func (l sessionListener) Close() error              { return nil }
 func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }
 
+// AcceptContext is Accept that also ends with ctx.
+func (l sessionListener) AcceptContext(ctx context.Context) (net.Conn, error) {
+	st, err := l.ys.AcceptStreamWithContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
+
 // spareListener is the listener of a session whose edge takes a spare
 // stream from the agent (mux.FeatureSpareStream).
 type spareListener struct{ sessionListener }

@@ -443,7 +443,10 @@ func visitorHost(r *http.Request) string {
 }
 
 // exchangeWriter records the final status the exchange sent back, and its
-// grpc-status.
+// grpc-status. A final response without a Content-Type goes on without
+// one (mux.KeepUntyped): the session's server would guess one from its
+// body, where the agent's own path, writing with Response.Write, guesses
+// none.
 type exchangeWriter struct {
 	http.ResponseWriter
 	x *exchange
@@ -455,6 +458,9 @@ func (w *exchangeWriter) WriteHeader(code int) {
 		// (Trailers-Only): nothing of it goes to the local service, so
 		// the inspector finds it nowhere else.
 		w.x.grpc = w.Header().Get("Grpc-Status")
+	}
+	if code >= 200 {
+		mux.KeepUntyped(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"runtime"
 	"strings"
@@ -44,16 +43,7 @@ func TestWorkersFollowLoad(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go local.Serve(ln)
-	t.Cleanup(func() { local.Close() })
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	cfg := e.AgentConfig("", ln.Addr().String())
-	cfg.Subdomain = "burst"
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	e := serveLocal(t, local, "burst")
 	c := e.Client()
 	defer c.CloseIdleConnections()
 

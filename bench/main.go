@@ -65,6 +65,9 @@ type options struct {
 	blackhole     time.Duration
 	blackholes    int
 	outageProfile string
+
+	// -tracecount (tracecount.go).
+	traceCount, traceUnit string
 }
 
 func main() {
@@ -72,6 +75,13 @@ func main() {
 		os.Exit(runRole(role, os.Args[1:]))
 	}
 	o := parseFlags()
+	if o.traceCount != "" {
+		if err := traceCount(os.Stdout, o.traceCount, o.traceUnit); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	raiseNoFile()
 	if o.wan {
 		if err := runWAN(o); err != nil {
@@ -130,6 +140,8 @@ func parseFlags() options {
 	flag.IntVar(&o.wrkT, "wrkthreads", 1, "wrk's threads with -wrk")
 	schemes := flag.String("schemes", "http,https", "visitor schemes for the GET and transfer phases")
 	childEnv := flag.String("childenv", "", "extra environment for the edge and agent, KEY=VALUE separated by commas (e.g. GOMAXPROCS=1)")
+	flag.StringVar(&o.traceCount, "tracecount", "", "print, per exchange, the goroutines started, waits and syscalls in this execution trace (one a role wrote on SIGUSR2), and exit")
+	flag.StringVar(&o.traceUnit, "traceunit", `^Waiting->Runnable (?s:.*)yamux\.\(\*Session\)\.incomingStream|^NotExist->Runnable (?s:.*)net/http\.\(\*connReader\)\.startBackgroundRead`, "with -tracecount: a step every exchange takes once, a regular expression matched against each goroutine state transition as FROM->TO and its stacks; the counts are divided by its matches")
 	flag.Parse()
 	o.schemes = strings.Split(*schemes, ",")
 	if *childEnv != "" {

@@ -37,10 +37,27 @@ var (
 	ErrEvicted = errors.New("agent: hostname taken over by another agent")
 )
 
-// evictedError is ErrEvicted with the reason the edge gave.
-type evictedError struct{ reason string }
+// evictedError is ErrEvicted with the reason the edge gave, and what it
+// said of the agent that holds the name now.
+type evictedError struct {
+	reason string
+	by     mux.Holder
+}
 
-func (e *evictedError) Error() string { return ErrEvicted.Error() + " (" + e.reason + ")" }
+func newEvictedError(reason string, by *mux.Holder) *evictedError {
+	e := &evictedError{reason: reason}
+	if by != nil {
+		e.by = *by
+	}
+	return e
+}
+
+func (e *evictedError) Error() string {
+	if by := e.by.String(); by != "" {
+		return ErrEvicted.Error() + " (" + e.reason + "; by " + by + ")"
+	}
+	return ErrEvicted.Error() + " (" + e.reason + ")"
+}
 func (e *evictedError) Unwrap() error { return ErrEvicted }
 
 // RefusedError is the edge's final refusal of a hello or bind.
@@ -236,7 +253,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.setStatus(func(s *Status) {
 				s.State, s.Err, s.Hint = final, err, ""
 				if ee != nil {
-					s.EvictedReason = ee.reason
+					s.EvictedReason, s.EvictedBy = ee.reason, ee.by
 				}
 			})
 			return err

@@ -25,10 +25,11 @@ import (
 // Chromium while requests go through a real tunnel: a row appears for
 // each, with time, duration and size; the filter by path, status and
 // method narrows them; JSON is pretty-printed, a form shown as fields, a
-// binary body as its size and hex with a download link; visitors' HTML
-// is shown as text, never run; a click on Replay makes a new row, and so
-// does Edit and replay, whose edited body reaches the local service. A
-// screenshot is kept (tunneltest.ArtifactDir). About 3 s.
+// binary body as its size and hex with a download link; a gRPC call's
+// status shown by its name; visitors' HTML is shown as text, never run; a
+// click on Replay makes a new row, and so does Edit and replay, whose
+// edited body reaches the local service. A screenshot is kept
+// (tunneltest.ArtifactDir). About 3 s.
 func TestInspectorInBrowser(t *testing.T) {
 	chromium := tunneltest.Tool(t, "chromium")
 	var mu sync.Mutex
@@ -41,6 +42,10 @@ func TestInspectorInBrowser(t *testing.T) {
 		switch r.URL.Path {
 		case "/missing":
 			http.NotFound(w, r)
+		case "/grpc.Svc/Call":
+			// A gRPC server's answer of trailers only.
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Grpc-Status", "5")
 		case "/bin":
 			w.Header().Set("Content-Type", "image/png")
 			w.Write([]byte("\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x01\x00"))
@@ -79,6 +84,7 @@ func TestInspectorInBrowser(t *testing.T) {
 	send("POST", "/hook", "application/json", `{"event":"paid","amount":42}`)
 	send("POST", "/form", "application/x-www-form-urlencoded", "name=Ada+Lovelace&lang=en")
 	send("GET", "/missing", "", "")
+	send("POST", "/grpc.Svc/Call", "application/grpc", "\x00\x00\x00\x00\x00", "Te", "trailers")
 	send("GET", "/bin", "", "")
 
 	ctx := browser(t, chromium)
@@ -115,7 +121,7 @@ func TestInspectorInBrowser(t *testing.T) {
 		}
 	}
 	do("load the page", chromedp.Navigate(st.InspectURL), chromedp.WaitVisible(chromedp.ID("rows")))
-	waitRows(5, "the requests sent through the tunnel")
+	waitRows(6, "the requests sent through the tunnel")
 
 	cells, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](`Array.from(document.querySelectorAll("#rows tr:first-child td")).map(td => td.textContent)`))
 	if err != nil || len(cells) != 6 || cells[1] != "GET" || cells[2] != "/bin" || cells[3] != "200" || !strings.HasSuffix(cells[4], "s") || cells[5] != "20 B" ||
@@ -134,12 +140,12 @@ func TestInspectorInBrowser(t *testing.T) {
 	setFilter("f-status", "4xx")
 	waitRows(1, "filtered by status 4xx")
 	setFilter("f-status", "200")
-	waitRows(4, "filtered by status 200")
+	waitRows(5, "filtered by status 200")
 	setFilter("f-status", "")
 	setFilter("f-method", "POST")
-	waitRows(2, "filtered by method POST")
+	waitRows(3, "filtered by method POST")
 	setFilter("f-method", "")
-	waitRows(5, "filters cleared")
+	waitRows(6, "filters cleared")
 
 	caps := map[string]agent.Capture{}
 	for _, cp := range inspectorList(t, st.InspectURL) {
@@ -163,6 +169,11 @@ func TestInspectorInBrowser(t *testing.T) {
 	if s := text("#detail pre.hex"); err != nil || !strings.Contains(s, "89 50 4e 47") || !strings.Contains(s, ".PNG") || !strings.Contains(href, "/response/body") {
 		t.Errorf("binary body: hex %q, download %q %v", s, href, err)
 	}
+	clickRow("/grpc.Svc/Call")
+	row := fmt.Sprintf(`#rows tr[data-id="%d"] td:nth-child(4)`, caps["/grpc.Svc/Call"].ID)
+	if cell, head := text(row), text("#detail h2"); cell != "200 grpc NOT_FOUND" || !strings.HasSuffix(head, "→ 200 · grpc-status 5 NOT_FOUND") {
+		t.Errorf("a gRPC call's status: row %q, detail %q", cell, head)
+	}
 	clickRow("/hello")
 	title, err := chromedp.Run(ctx, chromedp.Title())
 	if s := text("#detail"); err != nil || !strings.Contains(s, `X-Evil: <img src=x onerror="document.title='pwned'">`) || count("#detail img") != 0 || title != "ngstone inspector" {
@@ -171,14 +182,14 @@ func TestInspectorInBrowser(t *testing.T) {
 
 	clickRow("/hook")
 	do("replay", chromedp.Click(chromedp.ID("replay")))
-	waitRows(6, "the replay's row")
+	waitRows(7, "the replay's row")
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`Array.from(document.querySelectorAll("#rows tr td:nth-child(2)")).filter(td => td.textContent.startsWith("↻")).length`)); err != nil || n != 1 {
 		t.Errorf("%d rows marked as a replay, want 1 (%v)", n, err)
 	}
 	clickRow("/hook")
 	do("edit and replay", chromedp.Click(chromedp.ID("edit")), chromedp.WaitVisible(chromedp.ID("edit-body")),
 		chromedp.Evaluate[chromedp.Void](`document.getElementById("edit-body").value = '{"event":"refunded"}'`), chromedp.Click(chromedp.ID("edit-send")))
-	waitRows(7, "the edited replay's row")
+	waitRows(8, "the edited replay's row")
 	mu.Lock()
 	last := bodies[len(bodies)-1]
 	mu.Unlock()

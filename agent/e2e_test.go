@@ -14,6 +14,8 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -211,10 +213,15 @@ func TestRandomName(t *testing.T) {
 	}
 }
 
+// wantError checks an answer of ngstone's own: its status, code, text
+// naming host, and the type of that text.
 func wantError(t *testing.T, resp *http.Response, body string, status int, code, host string) {
 	t.Helper()
 	if resp.StatusCode != status || resp.Header.Get(mux.ErrorHeader) != code || !strings.Contains(body, host) {
 		t.Errorf("got %d %s=%q body %q; want %d %s naming %s", resp.StatusCode, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader), body, status, code, host)
+	}
+	if ct := resp.Header["Content-Type"]; !slices.Equal(ct, []string{"text/plain; charset=utf-8"}) {
+		t.Errorf("%s answered with Content-Type %q, want its own text/plain", code, ct)
 	}
 }
 
@@ -384,17 +391,7 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 		}
 		c.Close()
 	})
-	srv := &http.Server{Handler: local}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	cfg := e.AgentConfig("", ln.Addr().String())
-	cfg.Subdomain = "frame"
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	e := serveLocal(t, &http.Server{Handler: local}, "frame")
 	c := e.Client()
 	waiting := e.Client() // waits for 100 Continue before a body
 	waiting.Transport.(*http.Transport).ExpectContinueTimeout = time.Minute
@@ -487,6 +484,23 @@ func TestMessageFramingEndToEnd(t *testing.T) {
 	}
 }
 
+// serveLocal serves srv as a local service on a loopback port until the
+// test ends, and returns an edge where an agent puts it at name.
+func serveLocal(t *testing.T, srv *http.Server, name string) *tunneltest.Edge {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", ln.Addr().String())
+	cfg.Subdomain = name
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	return e
+}
+
 // TestRequestHeadOnTheWire reads the request head as the local service
 // receives it, bytes and all: one Content-Length (a second one, even
 // equal, makes Node's and nginx's parsers refuse a request), no hop-by-hop
@@ -571,4 +585,188 @@ func h1Client(e *tunneltest.Edge) *http.Client {
 	c.Transport.(*http.Transport).ForceAttemptHTTP2 = false
 	c.Transport.(*http.Transport).TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
 	return c
+}
+
+// untypedBodies are what the local service of TestNoContentTypeInvented
+// sends, by the request's X-Case, without a Content-Type: net/http's
+// servers would take the first for text/html, the second for text/plain.
+var untypedBodies = map[string]string{
+	"html": "<html><script>alert(document.domain)</script></html>",
+	"json": `{"html":"<html><script>alert(1)</script>"}`,
+}
+
+// typedAs is the Content-Type the local service gives the case "typed",
+// spelt as no server would spell it, over a body a server would take for
+// another.
+const typedAs = "application/json;CHARSET=utf-8"
+
+// TestNoContentTypeInvented: a response the local service sent without a
+// Content-Type reaches the visitor without one, where net/http's servers
+// (the edge's, over HTTP/1.1 and HTTP/2, and the agent's session server)
+// would guess one from its body. Each way a request takes through the
+// agent is run: its own path (a plain request), and its server's (an
+// Upgrade the local service declines, and OPTIONS *, which the own path
+// does not take either). A response with a type keeps it as it was;
+// ngstone's own answers (here for a local service that hangs up) carry
+// their own on every way.
+func TestNoContentTypeInvented(t *testing.T) {
+	srv := &http.Server{DisableGeneralOptionsHandler: true, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		body, untyped := untypedBodies[r.Header.Get("X-Case")]
+		switch {
+		case r.Header.Get("X-Case") == "hangup":
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				c.Close()
+			}
+			return
+		case untyped:
+			w.Header()["Content-Type"] = nil // the local service's own server would guess too
+		default:
+			body = untypedBodies["html"]
+			w.Header().Set("Content-Type", typedAs)
+		}
+		if r.Header.Get("X-Case") != "json" {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		}
+		if r.Method != http.MethodHead {
+			io.WriteString(w, body)
+			http.NewResponseController(w).Flush() // json: of unknown length, chunked
+		}
+	})}
+	e := serveLocal(t, srv, "types")
+
+	visitors := []struct {
+		name, scheme string
+		c            *http.Client
+		h2           bool
+	}{{"http/1.1", "http", h1Client(e), false}, {"https/1.1", "https", h1Client(e), false}, {"h2", "https", e.Client(), true}}
+	ways := []struct {
+		name string
+		h1   bool // HTTP/2 has no Upgrade
+		make func(method, url string) *http.Request
+	}{
+		{"own path", false, func(method, url string) *http.Request {
+			req, _ := http.NewRequest(method, url, nil)
+			return req
+		}},
+		{"declined upgrade", true, func(method, url string) *http.Request {
+			req, _ := http.NewRequest(method, url, nil)
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "ngstone-test")
+			return req
+		}},
+		{"OPTIONS *", false, func(method, url string) *http.Request {
+			if method == http.MethodHead {
+				return nil
+			}
+			req, _ := http.NewRequest(http.MethodOptions, url, nil)
+			req.URL.Opaque = "*"
+			return req
+		}},
+	}
+	for _, v := range visitors {
+		for _, way := range ways {
+			if way.h1 && v.h2 {
+				continue
+			}
+			t.Run(v.name+"/"+way.name, func(t *testing.T) {
+				for _, method := range []string{http.MethodGet, http.MethodHead} {
+					for _, kind := range []string{"html", "json", "typed", "hangup"} {
+						req := way.make(method, tunneltest.URL(v.scheme, "types", "/"))
+						if req == nil {
+							continue
+						}
+						req.Header.Set("X-Case", kind)
+						seeType(t, v.c, req)
+					}
+				}
+			})
+		}
+	}
+}
+
+// seeType sends req and checks the Content-Type and body of the response
+// to TestNoContentTypeInvented's local service.
+func seeType(t *testing.T, c *http.Client, req *http.Request) {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.Header.Get("X-Case"), err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	kind := req.Header.Get("X-Case")
+	what := fmt.Sprintf("%s %s over %s", req.Method, kind, resp.Proto)
+	ctype, typed := resp.Header["Content-Type"]
+	want, untyped := untypedBodies[kind]
+	switch {
+	case err != nil:
+		t.Errorf("%s: body: %v", what, err)
+	case kind == "hangup":
+		if resp.Header.Get(mux.ErrorHeader) == "" || !slices.Equal(ctype, []string{"text/plain; charset=utf-8"}) {
+			t.Errorf("%s: ngstone's own answer %d, Content-Type %q, %s %q", what, resp.StatusCode, ctype, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader))
+		}
+		return
+	case resp.StatusCode != http.StatusOK || resp.Header.Get(mux.ErrorHeader) != "":
+		t.Errorf("%s: %d %s %q, want the local service's 200", what, resp.StatusCode, mux.ErrorHeader, resp.Header.Get(mux.ErrorHeader))
+	case untyped && typed:
+		t.Errorf("%s: the visitor got Content-Type %q, where the local service sent none", what, ctype)
+	case !untyped && !slices.Equal(ctype, []string{typedAs}):
+		t.Errorf("%s: the visitor got Content-Type %q, want %q as the local service sent it", what, ctype, typedAs)
+	}
+	if !untyped {
+		want = untypedBodies["html"]
+	}
+	if req.Method == http.MethodHead {
+		want = ""
+	}
+	if string(b) != want {
+		t.Errorf("%s: body %q, want %q", what, b, want)
+	}
+}
+
+// TestVisitorLeavingCancelsLocalRequest: a visitor who leaves while the
+// local service works on its request cancels the local request, with a
+// body or without, as net/http's server cancels a request whose client
+// went away.
+func TestVisitorLeavingCancelsLocalRequest(t *testing.T) {
+	entered := make(chan struct{}, 1)
+	cancelled := make(chan struct{}, 1)
+	local := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body) // the watch starts once the body has ended
+		entered <- struct{}{}
+		select {
+		case <-r.Context().Done():
+			cancelled <- struct{}{}
+		case <-time.After(20 * time.Second):
+		}
+	})}
+	e := serveLocal(t, local, "leave")
+	host := "leave." + tunneltest.Domain
+	for name, req := range map[string]string{
+		"GET":  "GET /wait HTTP/1.1\r\nHost: " + host + "\r\n\r\n",
+		"POST": "POST /wait HTTP/1.1\r\nHost: " + host + "\r\nContent-Length: 5\r\n\r\nhello",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c, err := net.Dial("tcp", e.Addr("http").String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if _, err := io.WriteString(c, req); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-entered:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the request never reached the local service")
+			}
+			c.Close()
+			select {
+			case <-cancelled:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the local request was not cancelled after the visitor left")
+			}
+		})
+	}
 }

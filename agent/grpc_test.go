@@ -127,10 +127,15 @@ func grpcClient(t *testing.T, e *tunneltest.Edge, name string) testpb.TestServic
 	return testpb.NewTestServiceClient(cc)
 }
 
-func grpcAgent(t *testing.T, e *tunneltest.Edge, local, name, instance string) *tunneltest.Agent {
+// grpcAgent starts an agent for name speaking h2c to local, each of set
+// changing its config first.
+func grpcAgent(t *testing.T, e *tunneltest.Edge, local, name, instance string, set ...func(*agent.Config)) *tunneltest.Agent {
 	t.Helper()
 	cfg := e.AgentConfig("", local)
 	cfg.Subdomain, cfg.UpstreamProtocol, cfg.InstanceID = name, agent.ProtocolHTTP2, instance
+	for _, f := range set {
+		f(&cfg)
+	}
 	a := tunneltest.StartAgent(t, cfg)
 	a.WaitOnline(t)
 	return a
@@ -314,21 +319,73 @@ func TestGRPCTakeover(t *testing.T) {
 func TestGRPCInInspector(t *testing.T) {
 	_, addr := grpcLocal(t, &testService{name: "local"})
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	cfg := e.AgentConfig("", addr)
-	cfg.Subdomain, cfg.UpstreamProtocol, cfg.InspectAddr = "seen", agent.ProtocolHTTP2, "127.0.0.1:0"
-	a := tunneltest.StartAgent(t, cfg)
-	a.WaitOnline(t)
+	a := grpcAgent(t, e, addr, "seen", "", inspected)
 	c := grpcClient(t, e, "seen")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c.UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("fail")})
+	got := keptExchange(t, a)
+	if got.Path != "/grpc.testing.TestService/UnaryCall" || got.GRPCStatus != fmt.Sprint(int(codes.FailedPrecondition)) || got.Request.Size == 0 {
+		t.Fatalf("kept: %+v", got)
+	}
+}
+
+// inspected gives an agent its inspector.
+func inspected(cfg *agent.Config) { cfg.InspectAddr = "127.0.0.1:0" }
+
+// keptExchange waits for a's inspector to keep one exchange, and returns
+// it.
+func keptExchange(t *testing.T, a *tunneltest.Agent) agent.Capture {
+	t.Helper()
 	var got []agent.Capture
 	tunneltest.Eventually(t, 5*time.Second, "the call kept", func() bool {
 		got = a.Inspector().List()
-		return len(got) == 1
+		return len(got) > 0
 	})
-	if got[0].Path != "/grpc.testing.TestService/UnaryCall" || got[0].GRPCStatus != fmt.Sprint(int(codes.FailedPrecondition)) || got[0].Request.Size == 0 {
-		t.Fatalf("kept: %+v", got[0])
+	if len(got) != 1 {
+		t.Fatalf("kept %d exchanges, want the one call: %+v", len(got), got)
+	}
+	return got[0]
+}
+
+// TestGRPCAgentAnswerInInspector: a call the agent answers itself (its
+// local server down, a password it asks for) reaches the client as a
+// grpc-status, and the inspector's row shows the status the client got,
+// beside the agent's code.
+func TestGRPCAgentAnswerInInspector(t *testing.T) {
+	_, up := grpcLocal(t, &testService{name: "local"})
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone.Close() // nothing listens there now
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	for _, tc := range []struct {
+		name, local string
+		set         func(*agent.Config)
+		want        codes.Code
+		code        string
+	}{
+		{"down", gone.Addr().String(), inspected, codes.Unavailable, mux.CodeUpstreamUnreachable},
+		{"locked", up, func(cfg *agent.Config) {
+			inspected(cfg)
+			cfg.BasicAuth = []string{"alice:correct horse"}
+		}, codes.Unauthenticated, mux.CodeBasicAuthRequired},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := grpcAgent(t, e, tc.local, tc.name, "", tc.set)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, err := grpcClient(t, e, tc.name).UnaryCall(ctx, &testpb.SimpleRequest{Payload: payload("hi")})
+			if status.Code(err) != tc.want {
+				t.Fatalf("the client got %v, want %v", err, tc.want)
+			}
+			got := keptExchange(t, a)
+			if got.GRPCStatus != fmt.Sprint(int(status.Code(err))) || got.Code != tc.code {
+				t.Fatalf("kept grpc-status %q, code %q; the client got %d (%v), the agent answered %s",
+					got.GRPCStatus, got.Code, status.Code(err), err, tc.code)
+			}
+		})
 	}
 }
 
@@ -344,13 +401,13 @@ func TestGRPCServerDeadline(t *testing.T) {
 	_, addr := grpcLocal(t, svc)
 	defer close(svc.release)
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	grpcAgent(t, e, addr, "grpc", "")
+	served := grpcAgent(t, e, addr, "grpc", "", inspected)
 	gone, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gone.Close() // nothing listens there now
-	grpcAgent(t, e, gone.Addr().String(), "gone", "")
+	down := grpcAgent(t, e, gone.Addr().String(), "gone", "", inspected)
 	tr := &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: e.Roots},
 		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -384,10 +441,18 @@ func TestGRPCServerDeadline(t *testing.T) {
 		resp.Body.Close()
 		return resp.Header.Get("Grpc-Status") + resp.Trailer.Get("Grpc-Status"), resp.Header.Get(mux.ErrorHeader)
 	}
-	if status, code := call("grpc", "200m"); status != "4" || code != "" {
+	status, code := call("grpc", "200m")
+	if status != "4" || code != "" {
 		t.Errorf("a call the local server ended at its deadline: grpc-status %q, %s %q; want 4 DEADLINE_EXCEEDED from the server", status, mux.ErrorHeader, code)
 	}
-	if status, code := call("gone", "1n"); status != "14" || code != mux.CodeUpstreamUnreachable {
+	if kept := keptExchange(t, served); kept.GRPCStatus != status {
+		t.Errorf("the inspector shows grpc-status %q, the client got %q", kept.GRPCStatus, status)
+	}
+	status, code = call("gone", "1n")
+	if status != "14" || code != mux.CodeUpstreamUnreachable {
 		t.Errorf("a call past its deadline to a local server that is down: grpc-status %q, %s %q; want 14 and %s", status, mux.ErrorHeader, code, mux.CodeUpstreamUnreachable)
+	}
+	if kept := keptExchange(t, down); kept.GRPCStatus != status {
+		t.Errorf("the inspector shows grpc-status %q, the client got %q", kept.GRPCStatus, status)
 	}
 }

@@ -53,8 +53,10 @@ type Capture struct {
 	Replay   bool   `json:"replay,omitempty"`
 	ReplayOf uint64 `json:"replay_of,omitempty"`
 	Edited   bool   `json:"edited,omitempty"`
-	// GRPCStatus is a gRPC call's status code, from its trailers (its
-	// bodies are kept as they came, not decoded).
+	// GRPCStatus is a gRPC call's status code as its client got it: from
+	// the local server's trailers, or the agent's own answer when it
+	// answered the call itself (the local server down, a password asked
+	// for). Its bodies are kept as they came, not decoded.
 	GRPCStatus string  `json:"grpc_status,omitempty"`
 	Request    Message `json:"request"`
 	Response   Message `json:"response"`
@@ -281,11 +283,8 @@ func (in *Inspector) record(x *exchange, r *http.Request, path string) {
 	if x.t != nil {
 		c.Tunnel = x.t.name
 	}
-	if resp := x.cap.localResp; resp != nil && mux.IsGRPC(r) {
-		c.GRPCStatus = resp.Trailer.Get("Grpc-Status")
-		if c.GRPCStatus == "" {
-			c.GRPCStatus = resp.Header.Get("Grpc-Status") // a response of trailers only
-		}
+	if mux.IsGRPC(r) {
+		c.GRPCStatus = x.grpcStatus()
 	}
 	if c.Request.head == nil {
 		// Nothing went to the local service (the agent answered itself):
@@ -293,6 +292,29 @@ func (in *Inspector) record(x *exchange, r *http.Request, path string) {
 		c.Request = Message{head: requestHead(r), Truncated: r.Body != nil && r.Body != http.NoBody && r.ContentLength != 0}
 	}
 	in.add(c)
+}
+
+// grpcStatus is the grpc-status the client of x, a gRPC call, got: the
+// agent's own answer's, else the local server's, from its trailers or a
+// response of trailers only.
+func (x *exchange) grpcStatus() string {
+	if x.grpc != "" {
+		return x.grpc
+	}
+	return localGRPCStatus(x.cap.localResp)
+}
+
+// localGRPCStatus is the grpc-status of resp, a local server's response
+// (nil: none): in its trailers once its body has ended, or in its head (a
+// response of trailers only).
+func localGRPCStatus(resp *http.Response) string {
+	if resp == nil {
+		return ""
+	}
+	if s := resp.Trailer.Get("Grpc-Status"); s != "" {
+		return s
+	}
+	return resp.Header.Get("Grpc-Status")
 }
 
 //go:embed inspect.html
@@ -538,10 +560,14 @@ func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64
 	io.Copy(io.Discard, io.LimitReader(resp.Body, inspectBodyMax+1))
 	resp.Body.Close()
 	took := time.Since(start)
-	id := in.add(Capture{
+	kc := Capture{
 		Start: start, Duration: took, Method: req.Method, Path: req.URL.RequestURI(), Tunnel: t.name, Status: resp.StatusCode,
 		Replay: true, ReplayOf: c.ID, Edited: edited, Request: kept.req.message(), Response: kept.resp.message(),
-	})
+	}
+	if mux.IsGRPC(req) {
+		kc.GRPCStatus = localGRPCStatus(resp)
+	}
+	id := in.add(kc)
 	in.a.stats.keep(Request{Start: start, Method: req.Method, Path: req.URL.RequestURI(), Status: resp.StatusCode, Duration: took,
 		Replay: true, Tunnel: in.a.shownName(t)})
 	in.a.log.Info("replay", "of", c.ID, "edited", edited, "method", req.Method, "path", req.URL.RequestURI(),

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -193,6 +194,56 @@ func TestInspectorHeadsAsTheyCrossed(t *testing.T) {
 	}
 	if again, _ := in.get(got.ID); again.Request.Head != got.Request.Head || again.Response.Head != got.Response.Head {
 		t.Errorf("written twice differently: %q, %q", again.Request.Head, again.Response.Head)
+	}
+}
+
+// TestInspectorKeepsTheAgentsGRPCAnswer: on both of the agent's paths (its
+// own, and the server's it hands a stream to), a gRPC call the agent
+// answers itself is kept with the grpc-status its answer carried, and a
+// call it relays with the local server's (a response of trailers only),
+// as is a replay of that call.
+func TestInspectorKeepsTheAgentsGRPCAnswer(t *testing.T) {
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/grpc")
+		w.Header().Set("Grpc-Status", "5") // NOT_FOUND, as a gRPC server answers with trailers only
+	}))
+	t.Cleanup(local.Close)
+	locked := Config{InspectAddr: "127.0.0.1:0", Tunnel: Tunnel{BasicAuth: []string{"alice:correct horse"}}}
+	for _, tc := range []struct {
+		name, local string
+		cfg         Config
+		want        string
+	}{
+		{"down", deadAddr(t), Config{InspectAddr: "127.0.0.1:0"}, "14"},
+		{"locked", local.URL, locked, "16"},
+		{"relayed", local.URL, Config{InspectAddr: "127.0.0.1:0"}, "5"},
+	} {
+		for _, serverOnly := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/server=%v", tc.name, serverOnly), func(t *testing.T) {
+				a := relayAgentWith(t, tc.local, tc.cfg, slog.New(slog.DiscardHandler), func(a *Agent) { a.serverOnly = serverOnly })
+				req, _ := http.NewRequest("POST", "http://app.ngstone.test/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
+				req.Header.Set("Content-Type", "application/grpc")
+				req.Header.Set("Te", "trailers")
+				resp, _, err := relayOnce(t, a, req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				kept := a.inspect.list() // kept before the stream is let go
+				if len(kept) != 1 {
+					t.Fatalf("kept %d exchanges, want 1", len(kept))
+				}
+				if got := resp.Header.Get("Grpc-Status"); got != tc.want || kept[0].GRPCStatus != got {
+					t.Fatalf("answered grpc-status %q, kept %q; want %s", got, kept[0].GRPCStatus, tc.want)
+				}
+				if tc.name != "relayed" {
+					return
+				}
+				id, err := a.inspect.replay(t.Context(), kept[0], false)
+				if again, _ := a.inspect.get(id); err != nil || again.GRPCStatus != tc.want {
+					t.Fatalf("the replay kept grpc-status %q (%v), want %s", again.GRPCStatus, err, tc.want)
+				}
+			})
+		}
 	}
 }
 

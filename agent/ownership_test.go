@@ -143,7 +143,8 @@ func testDifferentAgentRefusedWhileLive(t *testing.T, store string) {
 
 // TestStaleHolderTakenOver: the holder goes silent; once the edge sees it
 // dead, a different agent takes the name. When the old holder wakes up it
-// exits with a final error, and its cleanup leaves the new binding alone.
+// exits with a final error naming the agent that took the name, and its
+// cleanup leaves the new binding alone.
 func TestStaleHolderTakenOver(t *testing.T) { eachStore(t, testStaleHolderTakenOver) }
 
 func testStaleHolderTakenOver(t *testing.T, store string) {
@@ -181,6 +182,12 @@ func testStaleHolderTakenOver(t *testing.T, store string) {
 	}
 	if st := old.Status(); st.State != agent.StateEvicted || st.EvictedReason == "" {
 		t.Errorf("old holder's status: %s, reason %q", st.State, st.EvictedReason)
+	}
+	// Told which agent holds the name: by its instance only, as the edge
+	// takes no tokens (no account to tell its agents' addresses to).
+	by := mux.Holder{Instance: mux.InstanceDigest(newer.InstanceID())}
+	if st := old.Status(); st.EvictedBy != by || st.Tunnels[0].EvictedBy != by || !strings.Contains(old.Err().Error(), "by "+by.String()) {
+		t.Errorf("old holder told %+v (its tunnel %+v, its error %q), want %+v", st.EvictedBy, st.Tunnels[0].EvictedBy, old.Err(), by)
 	}
 	if s := old.Status(); s.URL != "" {
 		t.Errorf("old holder still advertises %s", s.URL)

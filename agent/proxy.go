@@ -48,6 +48,7 @@ type exchange struct {
 	code   atomic.Value // string: the agent's own error code, when it answered itself
 	n1xx   atomic.Int32 // informational responses passed on
 	cut    bool         // the response was broken off
+	grpc   string       // the grpc-status in the head sent back through exchangeWriter (the agent's own answers)
 	cap    *capture     // what the inspector keeps; nil without one
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
@@ -157,20 +158,14 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	srv := a.newStreamServer()
 	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
 	sl := &streamListener{Listener: ln, a: a, held: held}
-	w := &workers{next: make(chan *streamConn), done: make(chan struct{})}
+	w := &workers{a: a, sl: sl, hand: hand}
 	var spares sync.WaitGroup
 	if so, ok := ln.(spareOpener); ok {
-		spares.Go(func() { a.keepSpare(so, sl, w, hand) })
+		spares.Go(func() { a.keepSpare(so, sl, w) })
 	}
-	for {
-		c, err := sl.Accept()
-		if err != nil {
-			break
-		}
-		a.dispatch(w, c.(*streamConn), hand)
-	}
-	spares.Wait() // the session is over: so are the spare's read and open
-	close(w.done)
+	w.start()
+	w.accepting.Wait() // ln failed: the session is over
+	spares.Wait()      // so are the spare's read and open
 	hand.closeAndWait()
 	srv.Close()
 }
@@ -188,6 +183,27 @@ type streamListener struct {
 
 func (l *streamListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return l.wrap(c), nil
+}
+
+// contextAcceptor is a listener whose accept ends with a context too.
+type contextAcceptor interface {
+	AcceptContext(context.Context) (net.Conn, error)
+}
+
+// acceptContext accepts the next stream; it ends with ctx when the
+// listener allows (the session's does), else only with the listener.
+func (l *streamListener) acceptContext(ctx context.Context) (*streamConn, error) {
+	var c net.Conn
+	var err error
+	if ca, ok := l.Listener.(contextAcceptor); ok {
+		c, err = ca.AcceptContext(ctx)
+	} else {
+		c, err = l.Listener.Accept()
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -426,15 +442,25 @@ func visitorHost(r *http.Request) string {
 	return r.Host
 }
 
-// exchangeWriter records the final status the exchange sent back.
+// exchangeWriter records the final status the exchange sent back, and its
+// grpc-status. A final response without a Content-Type goes on without
+// one (mux.KeepUntyped): the session's server would guess one from its
+// body, where the agent's own path, writing with Response.Write, guesses
+// none.
 type exchangeWriter struct {
 	http.ResponseWriter
 	x *exchange
 }
 
 func (w *exchangeWriter) WriteHeader(code int) {
-	if code >= 200 || code == http.StatusSwitchingProtocols {
-		w.x.status.CompareAndSwap(0, int64(code))
+	if (code >= 200 || code == http.StatusSwitchingProtocols) && w.x.status.CompareAndSwap(0, int64(code)) {
+		// What a gRPC client reads of an answer of the agent's own
+		// (Trailers-Only): nothing of it goes to the local service, so
+		// the inspector finds it nowhere else.
+		w.x.grpc = w.Header().Get("Grpc-Status")
+	}
+	if code >= 200 {
+		mux.KeepUntyped(w.Header())
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -399,7 +399,7 @@ func (c *conn) bound(t *tunnel, takeover bool) error {
 			// The name this agent held is another instance's now: taken
 			// over while this one was away, after the edge had closed its
 			// silent session (so no evicted reached it).
-			return &evictedError{reason: m.Code}
+			return newEvictedError(m.Code, m.By)
 		}
 		return &RefusedError{Code: m.Code, Message: m.Message}
 	}
@@ -411,7 +411,7 @@ func (a *Agent) lose(t *tunnel, err error) {
 	a.mu.Lock()
 	var ee *evictedError
 	if errors.As(err, &ee) {
-		t.st.State, t.st.EvictedReason, t.st.URL, t.st.URLs = TunnelEvicted, ee.reason, "", nil
+		t.st.State, t.st.EvictedReason, t.st.EvictedBy, t.st.URL, t.st.URLs = TunnelEvicted, ee.reason, ee.by, "", nil
 	} else {
 		t.st.State = TunnelRefused
 	}
@@ -578,8 +578,8 @@ func (c *conn) evicted(m *mux.Evicted) {
 	if t == nil {
 		return
 	}
-	t.log.Debug("evicted", "hostname", m.Hostname, "reason", m.Reason, "session", c.id)
-	err := &evictedError{reason: m.Reason}
+	err := newEvictedError(m.Reason, m.By)
+	t.log.Debug("evicted", "hostname", m.Hostname, "reason", m.Reason, "by", err.by.String(), "session", c.id)
 	c.a.lose(t, err)
 	c.mu.Lock()
 	left := len(c.held)
@@ -692,6 +692,15 @@ type sessionListener struct{ ys *yamux.Session }
 func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream() }
 func (l sessionListener) Close() error              { return nil }
 func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }
+
+// AcceptContext is Accept that also ends with ctx.
+func (l sessionListener) AcceptContext(ctx context.Context) (net.Conn, error) {
+	st, err := l.ys.AcceptStreamWithContext(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return st, nil
+}
 
 // spareListener is the listener of a session whose edge takes a spare
 // stream from the agent (mux.FeatureSpareStream).

@@ -19,7 +19,7 @@ type spareOpener interface {
 // unused (it took it for a visitor who left before the request was
 // written) is replaced too, but not after maxUnusedSpares in a row: such
 // an edge does not want them. The keeper ends with the session.
-func (a *Agent) keepSpare(so spareOpener, sl *streamListener, w *workers, hand *handoff) {
+func (a *Agent) keepSpare(so spareOpener, sl *streamListener, w *workers) {
 	for unused := 0; unused < maxUnusedSpares; {
 		st, err := so.OpenSpare()
 		if err != nil {
@@ -32,7 +32,7 @@ func (a *Agent) keepSpare(so spareOpener, sl *streamListener, w *workers, hand *
 			continue
 		}
 		unused = 0
-		a.dispatch(w, sl.wrap(&primedConn{Conn: st, first: b[0], primed: true}), hand)
+		w.serveApart(sl.wrap(&primedConn{Conn: st, first: b[0], primed: true}))
 	}
 }
 

@@ -3,6 +3,8 @@ package agent
 import (
 	"net/url"
 	"time"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // State is the agent's connection state.
@@ -48,6 +50,9 @@ type Status struct {
 	// EvictedReason is the reason the edge gave when it took the name away
 	// (takeover: another agent holds it now).
 	EvictedReason string
+	// EvictedBy is what the edge said of the agent that holds the name
+	// now (mux.Holder); zero when it said nothing.
+	EvictedBy mux.Holder
 	// Tunnels is each tunnel's state, in the order of the configuration.
 	// Hostname, URL, URLs, Local and Generation above are the first
 	// tunnel's that holds its name (the first's when none does).
@@ -82,6 +87,8 @@ type TunnelStatus struct {
 	Err error
 	// EvictedReason is the reason the edge gave when it took the name away.
 	EvictedReason string
+	// EvictedBy is what it said of the agent that holds the name now.
+	EvictedBy mux.Holder
 }
 
 // Endpoint is one public URL the agent serves, as the local API and the

@@ -100,12 +100,20 @@ func (h *handoff) give(c net.Conn) bool {
 // workers serve a session's streams on goroutines kept between streams,
 // so that each exchange starts on a stack the ones before it grew: a new
 // goroutine's stack grows, and is copied each time, on an exchange's way
-// through ReadRequest, the transport and Response.Write. There are as many
-// as streams were served at once, each ending once idle for workerIdle or
-// with the session.
+// through ReadRequest, the transport and Response.Write. Each worker waits
+// for its next stream in the session's accept itself, so a stream goes
+// from yamux's receiver straight to the goroutine that serves it, where a
+// loop accepting them handed each over (a goroutine's wait and wake-up on
+// the path of every request). At least one always waits; one that takes a
+// stream when none other is left waiting starts another first. There are
+// as many as streams were served at once, each but the last waiting one
+// ending once idle for workerIdle, and all with the session.
 type workers struct {
-	next chan *streamConn // unbuffered: only a worker waiting takes one
-	done chan struct{}    // closed when the session takes no more streams
+	a         *Agent
+	sl        *streamListener
+	hand      *handoff
+	waiting   atomic.Int32   // workers waiting for a stream
+	accepting sync.WaitGroup // workers that have not ended
 }
 
 // workerIdle is how long a worker waits for another stream: under any
@@ -113,31 +121,73 @@ type workers struct {
 // long after it.
 const workerIdle = 2 * time.Second
 
-// dispatch serves sc on a waiting worker, or a new one.
-func (a *Agent) dispatch(w *workers, sc *streamConn, hand *handoff) {
-	select {
-	case w.next <- sc:
-	default:
-		a.wg.Add(1) // while serveStreams runs, counted: never from zero
-		go a.work(w, sc, hand)
+// start starts a worker; the caller is counted in the agent's WaitGroup.
+func (w *workers) start() {
+	w.accepting.Add(1)
+	w.a.wg.Add(1)
+	go w.work()
+}
+
+func (w *workers) work() {
+	defer w.a.wg.Done()
+	defer w.accepting.Done()
+	ctx, cancel := context.WithCancel(context.Background())
+	idle := time.AfterFunc(workerIdle, cancel)
+	defer func() {
+		idle.Stop()
+		cancel()
+	}()
+	w.waiting.Add(1)
+	for {
+		sc, err := w.sl.acceptContext(ctx)
+		if err == nil {
+			idle.Stop()
+			if w.waiting.Add(-1) == 0 {
+				w.start()
+			}
+			w.a.serveStream(sc, w.hand)
+			w.waiting.Add(1)
+		} else if ctx.Err() == nil || w.leave() {
+			// The session is over, or this worker idle and not the
+			// last waiting.
+			if ctx.Err() == nil {
+				w.waiting.Add(-1)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			// Idle, but the last one waiting; or the wait ran out as
+			// a stream came.
+			ctx, cancel = context.WithCancel(context.Background())
+			idle = time.AfterFunc(workerIdle, cancel)
+		} else {
+			idle.Reset(workerIdle)
+		}
 	}
 }
 
-func (a *Agent) work(w *workers, sc *streamConn, hand *handoff) {
-	defer a.wg.Done()
-	idle := time.NewTimer(workerIdle)
-	defer idle.Stop()
+// leave takes an idle worker off the waiting ones unless it is the last,
+// and reports whether it did.
+func (w *workers) leave() bool {
 	for {
-		a.serveStream(sc, hand)
-		idle.Reset(workerIdle)
-		select {
-		case sc = <-w.next:
-		case <-idle.C:
-			return
-		case <-w.done:
-			return
+		n := w.waiting.Load()
+		if n <= 1 {
+			return false
+		}
+		if w.waiting.CompareAndSwap(n, n-1) {
+			return true
 		}
 	}
+}
+
+// serveApart serves sc on a goroutine of its own: a stream that did not
+// come from the session's accept (the agent's spare).
+func (w *workers) serveApart(sc *streamConn) {
+	w.a.wg.Add(1) // sc is counted: never from zero
+	go func() {
+		defer w.a.wg.Done()
+		w.a.serveStream(sc, w.hand)
+	}()
 }
 
 var (
@@ -430,24 +480,44 @@ func dropHopFields(h http.Header) {
 
 // watcher watches the stream once the request is read, as net/http's
 // server does: the edge closing it ends the exchange (the visitor left).
+// The watch starts watchAfter after the request's end, on the timer's own
+// goroutine: most exchanges are over by then, and a watch from the start
+// cost each of them a goroutine, a wait on the stream and a wake-up to end
+// it, for a cancellation that a visitor leaving within watchAfter gets that
+// much later.
 type watcher struct {
 	br       *bufio.Reader
 	sc       *streamConn
 	cancel   context.CancelFunc
-	once     sync.Once
-	done     chan struct{}
+	mu       sync.Mutex
+	timer    *time.Timer   // armed by start
+	stopped  bool          // stop has run: no watch starts after it
+	done     chan struct{} // closed when the watch, once started, ends
 	stopping atomic.Bool
 	b        [1]byte
 }
 
+// watchAfter is how long after a request's end the watch on its stream
+// starts.
+const watchAfter = 10 * time.Millisecond
+
 func (w *watcher) start() {
-	w.once.Do(func() {
-		w.done = make(chan struct{})
-		go w.run()
-	})
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped || w.timer != nil {
+		return
+	}
+	w.timer = time.AfterFunc(watchAfter, w.run)
 }
 
 func (w *watcher) run() {
+	w.mu.Lock()
+	if w.stopped {
+		w.mu.Unlock()
+		return
+	}
+	w.done = make(chan struct{})
+	w.mu.Unlock()
 	defer close(w.done)
 	for {
 		if _, err := w.br.Read(w.b[:]); err != nil {
@@ -461,13 +531,19 @@ func (w *watcher) run() {
 
 // stop ends the watch, and waits for it.
 func (w *watcher) stop() {
-	w.once.Do(func() {}) // none starts after this
-	if w.done == nil {
+	w.mu.Lock()
+	w.stopped = true
+	if w.timer != nil {
+		w.timer.Stop()
+	}
+	done := w.done
+	w.mu.Unlock()
+	if done == nil {
 		return
 	}
 	w.stopping.Store(true)
 	w.sc.SetReadDeadline(aLongTimeAgo)
-	<-w.done
+	<-done
 }
 
 var aLongTimeAgo = time.Unix(1, 0)

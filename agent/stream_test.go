@@ -15,7 +15,8 @@ import (
 
 // echoLocal is a local service that answers with what it received (method,
 // target, Host, fields, body, trailers) and, by path, with informational
-// responses, no body, trailers, hop-by-hop fields or a streamed body.
+// responses, no body, trailers, hop-by-hop fields, a streamed body or no
+// Content-Type.
 func echoLocal(t *testing.T) string {
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -46,6 +47,8 @@ func echoLocal(t *testing.T) string {
 			h.Set("Connection", "X-Drop")
 			h.Set("X-Drop", "1")
 			h.Set("Keep-Alive", "timeout=5")
+		case "/untyped":
+			h["Content-Type"] = nil // the local service's own server would guess one
 		case "/stream":
 			w.Write(seen[:1])
 			w.(http.Flusher).Flush()
@@ -139,12 +142,15 @@ func TestOwnPathMatchesServer(t *testing.T) {
 		{"response trailers", "GET /trailers HTTP/1.1\r\n" + host + "\r\n", true, 200},
 		{"hop-by-hop response fields", "GET /hop HTTP/1.1\r\n" + host + "\r\n", true, 200},
 		{"streamed response", "GET /stream HTTP/1.1\r\n" + host + "\r\n", true, 200},
+		{"a response without a type", "GET /untyped HTTP/1.1\r\n" + host + "\r\n", true, 200},
 
 		{"Expect", "POST /echo HTTP/1.1\r\n" + host + "Expect: 100-continue\r\nContent-Length: 5\r\n\r\nhello", false, 200},
 		{"a query the proxy rewrites", "GET /echo?a=1;b=2&c=%zz HTTP/1.1\r\n" + host + "\r\n", false, 200},
 		{"hop-by-hop request fields", "GET /echo HTTP/1.1\r\n" + host + "Connection: X-Hop\r\nX-Hop: 1\r\nKeep-Alive: 5\r\n\r\n", false, 200},
 		{"Te other than trailers", "GET /echo HTTP/1.1\r\n" + host + "Te: gzip\r\n\r\n", false, 200},
 		{"HTTP/1.0", "GET /echo HTTP/1.0\r\n" + host + "\r\n", false, 200},
+		{"HTTP/1.0 without a type", "GET /untyped HTTP/1.0\r\n" + host + "\r\n", false, 200},
+		{"Expect without a type", "POST /untyped HTTP/1.1\r\n" + host + "Expect: 100-continue\r\nContent-Length: 5\r\n\r\nhello", false, 200},
 		{"absolute target", "GET http://app.ngstone.test/echo HTTP/1.1\r\n" + host + "\r\n", false, 200},
 		{"no Host", "GET /echo HTTP/1.1\r\n\r\n", false, 400},
 		{"two Hosts", "GET /echo HTTP/1.1\r\n" + host + "Host: evil.internal\r\n\r\n", false, 400},
@@ -165,6 +171,9 @@ func TestOwnPathMatchesServer(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, want) {
 				t.Errorf("own path:\n%+v\nserver:\n%+v", got, want)
+			}
+			if ct, ok := got.Header["Content-Type"]; ok && strings.Contains(tc.raw, " /untyped ") {
+				t.Errorf("Content-Type %q, where the local service sent none", ct)
 			}
 			// A refused head is answered before it is all read: the
 			// connection may then be reset under the answer's body.

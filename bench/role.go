@@ -10,8 +10,10 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/certs"
@@ -68,6 +70,7 @@ func runRole(role string, args []string) int {
 			defer writeProfiles(strings.TrimSuffix(*cpuprofile, ".pprof"), "mutex", "block")
 		}
 		dumpOnUSR1(filepath.Dir(*cpuprofile), role)
+		traceOnUSR2(filepath.Dir(*cpuprofile), role)
 	}
 	var err error
 	switch role {
@@ -143,3 +146,29 @@ func dumpOnUSR1(dir, role string) {
 		}
 	}()
 }
+
+// traceOnUSR2 writes an execution trace of the next traceWindow into
+// dir/ROLE-N.trace on each SIGUSR2: which goroutines one exchange wakes,
+// and where it blocks (go tool trace).
+func traceOnUSR2(dir, role string) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR2)
+	go func() {
+		n := 0
+		for range ch {
+			n++
+			f, err := os.Create(filepath.Join(dir, fmt.Sprintf("%s-%d.trace", role, n)))
+			if err != nil {
+				continue
+			}
+			if trace.Start(f) == nil {
+				time.Sleep(traceWindow)
+				trace.Stop()
+			}
+			f.Close()
+		}
+	}()
+}
+
+// traceWindow is how long one trace on SIGUSR2 runs.
+const traceWindow = time.Second

@@ -120,7 +120,10 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		if !own {
 			choose = "choose another --hostname"
 		}
-		return bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", host, choose, e.silentHolder(ctx, host)))
+		holder := e.holder(ctx, host)
+		refused := bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", host, choose, e.silentHolder(holder)))
+		refused.By = e.holderFor(holder, s.tokenID)
+		return refused
 	}
 	if err != nil {
 		s.log.Error("bind failed", "hostname", host, "err", err)
@@ -135,7 +138,7 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		return bindErr(mux.CodeShuttingDown, "the session closed during the bind; retry")
 	}
 	if res.Previous != nil && (res.Previous.SessionID != s.id || res.Previous.Node != b.Node) {
-		e.evict(*res.Previous)
+		e.evict(*res.Previous, &b)
 	}
 	e.metrics.bound(res.Outcome)
 	// superseded: a later bind took the name over between the grant and
@@ -188,22 +191,21 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 	return n, nil
 }
 
-// silentHolder says, for a refused bind, how long the agent holding host
-// has not been heard from and when the name frees itself if it stays
+// silentHolder says, for a refused bind, how long the agent holding the
+// name (b; nil: none known) has not been heard from and when the name frees itself if it stays
 // silent, once it has been silent for a third of the heartbeat timeout.
 // That agent is often the user's own, on a laptop whose network dropped
 // and whose process they restarted. It returns "" for a holder heard from
 // recently, or held by another edge of the cluster.
-func (e *Edge) silentHolder(ctx context.Context, host string) string {
-	b, ok, err := e.lookup(ctx, host)
-	if err != nil || !ok || !e.local(b) {
+func (e *Edge) silentHolder(b *registry.Binding) string {
+	if b == nil || !e.local(*b) {
 		return ""
 	}
 	var silent, window, quiet time.Duration
 	if s := e.session(b.SessionID); s != nil {
 		silent, window = time.Since(time.Unix(0, s.lastBeat.Load())), e.cfg.HeartbeatTimeout
 		quiet = window / 3 // a holder heard a moment ago is just busy
-	} else if e.restored(b) {
+	} else if e.restored(*b) {
 		// Held since before the edge restarted: its agent has not come
 		// back yet.
 		silent, window = time.Since(b.LastHeard), e.restoredWindow()
@@ -216,6 +218,16 @@ func (e *Edge) silentHolder(ctx context.Context, host string) string {
 	}
 	return fmt.Sprintf("; it has not been heard from for %s, and the name frees itself in %s if it stays silent",
 		silent.Truncate(unitOf(silent)), (left + unitOf(left) - 1).Truncate(unitOf(left)))
+}
+
+// holder is the binding that holds host, nil when there is none or the
+// edge cannot tell.
+func (e *Edge) holder(ctx context.Context, host string) *registry.Binding {
+	b, ok, err := e.lookup(ctx, host)
+	if err != nil || !ok {
+		return nil
+	}
+	return &b
 }
 
 // unitOf is what a duration shown to a person is rounded to: a second, or

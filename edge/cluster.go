@@ -200,10 +200,21 @@ func (e *Edge) startCluster(ctx context.Context) error {
 		addr = net.JoinHostPort(host, port)
 	}
 	return e.cluster.store.Start(ctx, addr, registry.Hooks{
-		TakenOver: e.evict,
+		TakenOver: e.takenOver,
 		Lost:      e.clusterLost,
 		Regained:  func() { e.log.Info("cluster lease regained: accepting agents again") },
 	})
+}
+
+// takenOver evicts a session of this edge whose binding prev the cluster
+// moved on, naming the holder the route cache knows now (it has just
+// applied the change; no I/O).
+func (e *Edge) takenOver(prev registry.Binding) {
+	var next *registry.Binding
+	if b, ok := e.cluster.store.Lookup(prev.Hostname); ok {
+		next = &b
+	}
+	e.evict(prev, next)
 }
 
 // clusterLost closes every session: without a lease this edge cannot vouch

@@ -29,7 +29,8 @@ import (
 // same answer to the visitor, the same bytes to the local service.
 
 // recorder is a local service that keeps each whole request's raw bytes
-// (head, body, trailers), by the X-Case field it carries, and answers "ok".
+// (head, body, trailers), by the X-Case field it carries, and answers "ok"
+// without a Content-Type.
 // A request whose body breaks off is not kept: a relay streams the head
 // before it knows whether the body is good.
 type recorder struct {
@@ -90,18 +91,27 @@ func (r *recorder) take(name string) []string {
 	return s
 }
 
-// answer is what a visitor got: the status and code of the final
-// response, "reset" for a stream or connection broken off, and whether
-// anything followed the response on its connection.
+// answer is what a visitor got: the status, code and Content-Type values
+// (%q of them) of the final response, "reset" for a stream or connection
+// broken off, and whether anything followed the response on its
+// connection.
 type answer struct {
 	status int
 	code   string
+	ctype  string
 	extra  bool
 }
 
 func (a answer) String() string {
-	return fmt.Sprintf("%d %s extra=%v", a.status, a.code, a.extra)
+	return fmt.Sprintf("%d %s type=%s extra=%v", a.status, a.code, a.ctype, a.extra)
 }
+
+// Content-Types an answer may carry: none (the recorder's "ok"), or that
+// of ngstone's own answers.
+var (
+	untyped   = fmt.Sprintf("%q", []string(nil))
+	plainText = fmt.Sprintf("%q", []string{"text/plain; charset=utf-8"})
+)
 
 // crossCase is one kind of request: raw for HTTP/1.1 (with %s for the
 // case name), fields, body and trailers for HTTP/2 (nil: not over HTTP/2).
@@ -240,7 +250,10 @@ func crossCases() []crossCase {
 
 // TestOneRuleOnEveryPath runs each case over plain HTTP/1.1, HTTP/1.1 over
 // TLS and HTTP/2, through the edge that holds the agent and through
-// another edge of its cluster, and checks that both paths agree.
+// another edge of its cluster, and checks that both paths agree. Towards
+// the visitor, the recorder's untyped answer stays untyped on both (the
+// owner's server and the first edge's would each guess text/plain for
+// it), and ngstone's own answers keep their type.
 func TestOneRuleOnEveryPath(t *testing.T) {
 	rec := startRecorder(t)
 	c := newTestCluster(t)
@@ -269,6 +282,10 @@ func TestOneRuleOnEveryPath(t *testing.T) {
 					want = answer{status: 404, code: mux.CodeTunnelNotFound} // no TLS name to disagree with
 				case proto == "http/1.1" && tc.name == "no SNI":
 					want = answer{status: 200}
+				}
+				want.ctype = plainText
+				if want.status == 200 {
+					want.ctype = untyped
 				}
 				for i, path := range []string{"own session", "forwarded"} {
 					if got[i] != want {
@@ -345,7 +362,7 @@ func visitH1(t *testing.T, c net.Conn, tc crossCase) answer {
 	}
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
-	a := answer{status: resp.StatusCode, code: resp.Header.Get(mux.ErrorHeader)}
+	a := answer{status: resp.StatusCode, code: resp.Header.Get(mux.ErrorHeader), ctype: fmt.Sprintf("%q", resp.Header["Content-Type"])}
 	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
 	if n, _ := br.Read(make([]byte, 1)); n > 0 {
 		a.extra = true
@@ -381,6 +398,7 @@ func visitH2(t *testing.T, c *tls.Conn, tc crossCase) answer {
 		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: block(tc.h2Tail), EndStream: true, EndHeaders: true})
 	}
 	var a answer
+	var ctype []string
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -397,11 +415,16 @@ func visitH2(t *testing.T, c *tls.Conn, tc crossCase) answer {
 		case *http2.MetaHeadersFrame:
 			if a.status == 0 {
 				fmt.Sscan(f.PseudoValue("status"), &a.status)
+				ctype = nil
 				for _, hf := range f.RegularFields() {
-					if hf.Name == strings.ToLower(mux.ErrorHeader) {
+					switch hf.Name {
+					case strings.ToLower(mux.ErrorHeader):
 						a.code = hf.Value
+					case "content-type":
+						ctype = append(ctype, hf.Value)
 					}
 				}
+				a.ctype = fmt.Sprintf("%q", ctype)
 				if a.status < 200 {
 					a.status = 0
 				}

@@ -237,7 +237,8 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 // modifyResponse applies the rule for what crosses back to the visitor:
 // the reverse proxy drops the hop-by-hop fields; the edge drops the
 // cluster's own routing field (an agent's response must not pose as an
-// owner's refusal) and trailers that may not be trailers.
+// owner's refusal) and trailers that may not be trailers. A response
+// without a Content-Type is passed on without one (visitorWriter.start).
 func modifyResponse(resp *http.Response) error {
 	resp.Header.Del(routeHeader)
 	mux.FilterTrailers(resp)

@@ -584,9 +584,32 @@ func (e *Edge) release(ctx context.Context, o offlineBinding) {
 	}
 }
 
-// evict fences prev's session for its hostname, tells it so, and drains it
-// when it holds nothing else.
-func (e *Edge) evict(prev registry.Binding) {
+// holderFor is what an agent of the token tokenID, which lost a name or
+// was refused it, is told of b, the binding that holds it (nil: none, or
+// not known): the holder's instance digest when it presented the same
+// token, and its address too when that token is one (an edge open to all
+// has no accounts to tell apart) and its session is on this edge; of a
+// holder of another token, only that.
+func (e *Edge) holderFor(b *registry.Binding, tokenID string) *mux.Holder {
+	switch {
+	case b == nil:
+		return nil
+	case b.TokenID != tokenID:
+		return &mux.Holder{OtherToken: true}
+	}
+	h := &mux.Holder{Instance: b.InstanceID}
+	if tokenID != "" && e.local(*b) {
+		if s := e.session(b.SessionID); s != nil {
+			h.Addr = s.remote
+		}
+	}
+	return h
+}
+
+// evict fences prev's session for its hostname, tells it so (and, as
+// holderFor lets it, who holds the name now: next, nil when the edge does
+// not know), and drains it when it holds nothing else.
+func (e *Edge) evict(prev registry.Binding, next *registry.Binding) {
 	if !e.local(prev) {
 		return
 	}
@@ -609,11 +632,12 @@ func (e *Edge) evict(prev registry.Binding) {
 	e.mu.Unlock()
 	e.metrics.evicted()
 	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
+	by := e.holderFor(next, prev.TokenID)
 	go func() {
 		defer e.wg.Done()
 		// Tell it before closing it, so the agent learns why.
 		old.bindMu.Lock()
-		old.send(&mux.Evicted{Hostname: prev.Hostname, Reason: mux.ReasonTakeover})
+		old.send(&mux.Evicted{Hostname: prev.Hostname, Reason: mux.ReasonTakeover, By: by})
 		old.bindMu.Unlock()
 		if left == 0 {
 			old.drainThenClose()

@@ -107,7 +107,9 @@ func (w *visitorWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
-// start passes the held status on, once.
+// start passes the held status on, once. A response without a
+// Content-Type goes on without one (mux.KeepUntyped): the edge's server
+// would guess one from its body.
 func (w *visitorWriter) start() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -115,6 +117,7 @@ func (w *visitorWriter) start() {
 		return
 	}
 	w.extend()
+	mux.KeepUntyped(w.Header())
 	w.ResponseWriter.WriteHeader(w.held)
 }
 

@@ -79,6 +79,8 @@ func TestFrameLayout(t *testing.T) {
 			append([]byte{1, 0, 0, 0, 0x3e}, `{"version":1,"instance_id":"0123456789abcdef0123456789abcdef"}`...)},
 		"evicted": {&Evicted{Hostname: "a.example.com", Reason: ReasonTakeover},
 			append([]byte{8, 0, 0, 0, 0x30}, `{"hostname":"a.example.com","reason":"takeover"}`...)},
+		"evicted by": {&Evicted{Hostname: "a.example.com", Reason: ReasonTakeover, By: &Holder{OtherToken: true}},
+			append([]byte{8, 0, 0, 0, 0x4a}, `{"hostname":"a.example.com","reason":"takeover","by":{"other_token":true}}`...)},
 		"goaway empty": {&GoAway{}, append([]byte{11, 0, 0, 0, 2}, `{}`...)},
 	}
 	for name, tt := range tests {
@@ -105,10 +107,11 @@ func allMessages() []Message {
 		&Bind{Subdomain: "app", Takeover: true},
 		&BindOK{Hostname: "app.example.com", URL: "https://app.example.com", Generation: 9,
 			URLs: []string{"https://app.example.com", "http://app.example.com"}},
-		&BindError{Subdomain: "www", Code: CodeReservedName, Message: "reserved"},
+		&BindError{Subdomain: "app", Code: CodeSubdomainTaken, Message: "taken",
+			By: &Holder{Instance: "0123456789abcdef0123456789abcdef", Addr: "192.0.2.7:50123"}},
 		&Heartbeat{Seq: 1 << 40},
 		&HeartbeatAck{Seq: 1 << 40},
-		&Evicted{Hostname: "app.example.com", Reason: ReasonTakeover},
+		&Evicted{Hostname: "app.example.com", Reason: ReasonTakeover, By: &Holder{OtherToken: true}},
 		&Unbind{Hostname: "app.example.com"},
 		&Unbound{Hostname: "app.example.com"},
 		&GoAway{Reason: "edge shutting down"},
@@ -327,4 +330,45 @@ func FuzzReadFrame(f *testing.F) {
 			t.Fatalf("round trip changed the message:\n got %#v\nwant %#v", m2, m)
 		}
 	})
+}
+
+// TestHolderAcrossVersions: an evicted or bind_error of an older edge
+// (without by) reads as saying nothing of the holder, and one of a newer
+// edge with fields this version does not know reads as what it does know.
+// A holder is named for a person by what the edge told.
+func TestHolderAcrossVersions(t *testing.T) {
+	read := func(typ Type, payload string) Message {
+		t.Helper()
+		var buf bytes.Buffer
+		buf.WriteByte(byte(typ))
+		buf.Write(binary.BigEndian.AppendUint32(nil, uint32(len(payload))))
+		buf.WriteString(payload)
+		m, err := Read(&buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	if m := read(TypeEvicted, `{"hostname":"a.example.com","reason":"takeover"}`).(*Evicted); m.By != nil {
+		t.Errorf("an older edge's evicted: by %+v, want nil", m.By)
+	}
+	if m := read(TypeBindError, `{"subdomain":"a","code":"subdomain_taken","message":"m"}`).(*BindError); m.By != nil {
+		t.Errorf("an older edge's bind_error: by %+v, want nil", m.By)
+	}
+	m := read(TypeEvicted, `{"hostname":"a.example.com","reason":"takeover","by":{"instance":"d1","addr":"192.0.2.7:1","since":5},"later":true}`).(*Evicted)
+	if m.By == nil || *m.By != (Holder{Instance: "d1", Addr: "192.0.2.7:1"}) {
+		t.Errorf("a newer edge's evicted: by %+v", m.By)
+	}
+	for h, want := range map[Holder]string{
+		{}:                                "",
+		{Instance: "d1"}:                  "instance d1",
+		{Instance: "d1", Addr: "a:1"}:     "instance d1 from a:1",
+		{OtherToken: true}:                "an agent with another token",
+		{OtherToken: true, Addr: "a"}:     "an agent with another token",
+		{OtherToken: true, Instance: "d"}: "an agent with another token",
+	} {
+		if got := h.String(); got != want {
+			t.Errorf("%+v named %q, want %q", h, got, want)
+		}
+	}
 }

@@ -105,6 +105,9 @@ type BindError struct {
 	Hostname  string `json:"hostname,omitempty"`
 	Code      string `json:"code"`
 	Message   string `json:"message"`
+	// By is the agent that holds the name, with subdomain_taken; nil
+	// otherwise, or from an edge that does not say.
+	By *Holder `json:"by,omitempty"`
 }
 
 // Heartbeat is sent by the agent every heartbeat interval.
@@ -121,6 +124,37 @@ type HeartbeatAck struct {
 type Evicted struct {
 	Hostname string `json:"hostname"`
 	Reason   string `json:"reason"`
+	// By is the agent that took Hostname; nil when the edge does not know
+	// (nobody holds it now) or does not say (an older edge).
+	By *Holder `json:"by,omitempty"`
+}
+
+// Holder is what the edge tells an agent of the agent that holds a name
+// it lost or asked for: an agent that presented the same token (of the
+// same account) by its InstanceDigest and, when the token is one (not an
+// edge open to all) and it is connected to the same edge, its address as
+// the edge saw it; an agent of another token only as that, never by
+// anything of its own.
+type Holder struct {
+	Instance string `json:"instance,omitempty"`
+	Addr     string `json:"addr,omitempty"`
+	// OtherToken: the holder presented another token; nothing else of it
+	// is told.
+	OtherToken bool `json:"other_token,omitempty"`
+}
+
+// String names the holder for a person: "instance DIGEST from ADDR", "an
+// agent with another token", or "" when the edge said nothing of it.
+func (h Holder) String() string {
+	switch {
+	case h.OtherToken:
+		return "an agent with another token"
+	case h.Instance != "" && h.Addr != "":
+		return "instance " + h.Instance + " from " + h.Addr
+	case h.Instance != "":
+		return "instance " + h.Instance
+	}
+	return ""
 }
 
 // Unbind releases a hostname gracefully.

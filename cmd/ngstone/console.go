@@ -13,6 +13,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/mux"
 )
 
 // The console is the agent's screen on a terminal, as ngrok's: one screen
@@ -210,7 +211,7 @@ func (m *consoleModel) render() string {
 		if reason == "" {
 			reason = "takeover"
 		}
-		addWrapped("Evicted By", fmt.Sprintf("another agent (another instance) took %s over while this one was unreachable (%s)", st.Hostname, reason), styleErr)
+		addWrapped("Evicted By", fmt.Sprintf("%s took %s over while this one was unreachable (%s)", takenBy(st.EvictedBy), st.Hostname, reason), styleErr)
 	case st.Err != nil && st.State != agent.StateOnline && st.State != agent.StateStopped:
 		addWrapped("Last Error", st.Err.Error(), styleErr)
 	}
@@ -253,7 +254,7 @@ func (m *consoleModel) render() string {
 			case agent.TunnelRefused:
 				addWrapped("Refused", t.Name+": "+agent.ErrText(t.Err), styleErr)
 			case agent.TunnelEvicted:
-				addWrapped("Evicted", fmt.Sprintf("%s: another agent (another instance) took %s over while this one was unreachable", t.Name, t.Hostname), styleErr)
+				addWrapped("Evicted", fmt.Sprintf("%s: %s took %s over while this one was unreachable", t.Name, takenBy(t.EvictedBy), t.Hostname), styleErr)
 			}
 		}
 	}
@@ -279,6 +280,19 @@ func (m *consoleModel) render() string {
 		lines = append(lines, "")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// takenBy names the agent that took a name over, as far as the edge said:
+// one of this token by its instance (and address), one of another token
+// as only that, and, from an edge that says nothing, another instance.
+func takenBy(by mux.Holder) string {
+	switch s := by.String(); {
+	case by.OtherToken:
+		return s
+	case s != "":
+		return "another agent (" + s + ")"
+	}
+	return "another agent (another instance)"
 }
 
 func (m *consoleModel) stateText() string {

@@ -182,9 +182,13 @@ func TestConsoleOnATerminal(t *testing.T) {
 	syscall.Kill(pid, syscall.SIGCONT)
 	evicted := pane.waitScreen(t, "the eviction", func(s string) bool { return strings.Contains(s, "exit code 4") })
 	pane.snapshot(t, art, "4-evicted", evicted)
-	if !strings.Contains(evicted, "Session Status                evicted at ") || !regexp.MustCompile(`Evicted By +another agent \(another instance\) took live\.ngstone\.test over while this one was\s+unreachable \((takeover|subdomain_taken)\)`).MatchString(evicted) ||
+	// Evicted By names the agent that took the name, by what the edge's
+	// admin API shows of it (the line wraps at spaces).
+	taker := edgeBindings(t, "127.0.0.1:"+e.ports[2])["live"]["instance_id"]
+	by := regexp.MustCompile(`Evicted By +another agent \(instance\s+` + fmt.Sprint(taker) + `\)\s+took\s+live\.ngstone\.test\s+over\s+while\s+this\s+one\s+was\s+unreachable\s+\((takeover|subdomain_taken)\)`)
+	if !strings.Contains(evicted, "Session Status                evicted at ") || !by.MatchString(evicted) ||
 		!strings.Contains(evicted, "none: this agent no longer serves the name") {
-		t.Errorf("evicted screen:\n%s", evicted)
+		t.Errorf("evicted screen (taken by %v):\n%s", taker, evicted)
 	}
 	if dead, code := pane.waitExit(t); !dead || code != exitEvicted {
 		t.Errorf("agent: dead %v, exit %d; want exit %d", dead, code, exitEvicted)
@@ -220,6 +224,10 @@ func TestConsoleOffATerminal(t *testing.T) {
 		t.Fatalf("exit %d, want %d", code, exitEvicted)
 	}
 	logs := a.stderrText()
+	// The evicted line names the agent that took the name over.
+	if taker := edgeBindings(t, "127.0.0.1:"+e.ports[2])["live"]["instance_id"]; !regexp.MustCompile(`"msg":"evicted".*"by":"another agent \(instance ` + fmt.Sprint(taker) + `\)"`).MatchString(logs) {
+		t.Errorf("the evicted line does not name %v:\n%s", taker, logs)
+	}
 	var states []string
 	attempts := 0
 	for _, l := range strings.Split(strings.TrimSpace(logs), "\n") {

@@ -279,7 +279,7 @@ func (p *statusPrinter) logStatus(s agent.Status) {
 		p.log.Warn("reconnecting", "attempt", s.Attempt, "in", time.Until(s.NextRetry).Round(time.Millisecond),
 			"since", s.Since.Format(time.RFC3339), "cause", agent.ErrText(s.Err), "hint", s.Hint)
 	case agent.StateEvicted:
-		p.log.Error("evicted", "hostname", s.Hostname, "reason", s.EvictedReason, "exit_code", exitEvicted)
+		p.log.Error("evicted", "hostname", s.Hostname, "reason", s.EvictedReason, "by", takenBy(s.EvictedBy), "exit_code", exitEvicted)
 	case agent.StateFailed:
 		p.log.Error("refused", "err", agent.ErrText(s.Err), "exit_code", exitRefused)
 	default:

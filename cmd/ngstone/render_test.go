@@ -9,6 +9,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/mux"
 )
 
 // TestConsoleRender: whatever the state and however many requests, the
@@ -26,6 +27,8 @@ func TestConsoleRender(t *testing.T) {
 		{State: agent.StateReconnecting, Edge: "tunnels.example.com:4443", Attempt: 7, NextRetry: now.Add(3 * time.Second), Since: now.Add(-time.Minute),
 			Err: errors.New("dial tunnels.example.com:4443: " + strings.Repeat("connection refused ", 20)), Hint: hint, URLs: []string{"https://a.example.com"}},
 		{State: agent.StateEvicted, Hostname: "a.example.com", EvictedReason: "takeover"},
+		{State: agent.StateEvicted, Hostname: "a.example.com", EvictedReason: "takeover",
+			EvictedBy: mux.Holder{Instance: strings.Repeat("d", 32), Addr: "[2001:db8::1]:50123"}},
 	} {
 		for _, size := range [][2]int{{120, 40}, {80, 24}, {50, 10}} {
 			m := &consoleModel{view: newConsoleView("v1", newEventLog(consoleEvents), time.Second, false), width: size[0], height: size[1], now: now, st: st,
@@ -44,6 +47,42 @@ func TestConsoleRender(t *testing.T) {
 				if s := m.render(); !strings.Contains(s, "--control-addr") || !strings.Contains(s, "(--edge") {
 					t.Errorf("hint cut inside a flag:\n%s", s)
 				}
+			}
+		}
+	}
+}
+
+// TestConsoleEvictedBy: the Evicted By line (and a tunnel's Evicted line
+// in an agent of several) names the agent that took the name as far as
+// the edge told: of this token by its instance and address, of another
+// token as only that, and, from an older edge that says nothing, as
+// another instance.
+func TestConsoleEvictedBy(t *testing.T) {
+	d := strings.Repeat("d", 32)
+	for _, tc := range []struct {
+		by   mux.Holder
+		want string
+	}{
+		{mux.Holder{}, "another agent (another instance) took a.example.com over while this one was unreachable (takeover)"},
+		{mux.Holder{Instance: d}, "another agent (instance " + d + ") took a.example.com over while this one was unreachable (takeover)"},
+		{mux.Holder{Instance: d, Addr: "192.0.2.7:50123"}, "another agent (instance " + d + " from 192.0.2.7:50123) took a.example.com over while this one was unreachable (takeover)"},
+		{mux.Holder{OtherToken: true}, "an agent with another token took a.example.com over while this one was unreachable (takeover)"},
+	} {
+		evicted := agent.TunnelStatus{Name: "web", State: agent.TunnelEvicted, Hostname: "a.example.com", EvictedBy: tc.by}
+		serving := agent.TunnelStatus{Name: "shop", State: agent.TunnelOnline, Hostname: "s.example.com", URLs: []string{"https://s.example.com"}}
+		for _, st := range []agent.Status{
+			{State: agent.StateEvicted, Hostname: "a.example.com", EvictedReason: "takeover", EvictedBy: tc.by},
+			{State: agent.StateOnline, Tunnels: []agent.TunnelStatus{evicted, serving}},
+		} {
+			// Wide enough that no line wraps.
+			m := &consoleModel{view: newConsoleView("v1", newEventLog(consoleEvents), time.Second, false), width: 400, height: 40, now: time.Now(), st: st,
+				stats: agent.Stats{P50: -1, P90: -1}}
+			want := "Evicted By                    " + tc.want
+			if st.State == agent.StateOnline {
+				want = "Evicted                       web: " + strings.TrimSuffix(tc.want, " (takeover)")
+			}
+			if s := ansi.Strip(m.render()); !strings.Contains(s, want) {
+				t.Errorf("by %+v: want %q in\n%s", tc.by, want, s)
 			}
 		}
 	}

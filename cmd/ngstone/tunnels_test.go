@@ -189,8 +189,13 @@ func TestStartAll(t *testing.T) {
 		t.Fatalf("the agent exited with two tunnels left: %v", a.err)
 	default:
 	}
-	if got := edgeBindings(t, admin)["shop"]["instance_id"]; got == before["shop"]["instance_id"] {
+	taker := edgeBindings(t, admin)["shop"]["instance_id"]
+	if taker == before["shop"]["instance_id"] {
 		t.Fatal("shop is still the first agent's")
+	}
+	// The line names the agent that took it, by what the admin API shows.
+	if !regexp.MustCompile(`"msg":"tunnel taken over by another agent","[^\n]*by instance ` + fmt.Sprint(taker) + `\)"`).MatchString(a.stderrText()) {
+		t.Errorf("the takeover's log line does not name %v:\n%s", taker, a.stderrText())
 	}
 	a.cmd.Process.Signal(os.Interrupt)
 	if code := a.exitCode(t); code != exitOK {
@@ -265,7 +270,8 @@ func TestStartBadEntries(t *testing.T) {
 // a Forwarding line per tunnel, a Refused line for the one the edge will
 // not give (a reserved name), each request line naming its tunnel, and,
 // once another agent has taken one name over while this one was stopped,
-// an Evicted line for it while the other goes on serving. About 3 s.
+// an Evicted line for it naming that agent, while the other goes on
+// serving. About 3 s.
 func TestStartConsole(t *testing.T) {
 	data := t.TempDir()
 	ports := freePorts(t, 3)
@@ -305,9 +311,13 @@ func TestStartConsole(t *testing.T) {
 		"--subdomain", "web", "--inspect=false").waitLine(t, regexp.MustCompile(`^Forwarding http://web\.ngstone\.test:`))
 	syscall.Kill(pid, syscall.SIGCONT)
 	screen = pane.waitScreen(t, "the Evicted line for web", func(s string) bool {
-		return strings.Contains(s, "Evicted                       web: another agent (another instance) took web.ngstone.test over") &&
+		return strings.Contains(s, "Evicted                       web: another agent (instance ") &&
 			strings.Contains(s, "Session Status                online")
 	})
+	// It names the agent that took web, by what the admin API shows.
+	if taker := edgeBindings(t, admin)["web"]["instance_id"]; !strings.Contains(screen, fmt.Sprintf("web: another agent (instance %v) took web.ngstone.test over", taker)) {
+		t.Errorf("the Evicted line does not name %v:\n%s", taker, screen)
+	}
 	pane.snapshot(t, tunneltest.ArtifactDir(t), "start-all-evicted", screen)
 	if strings.Contains(screen, "Forwarding                    web:") {
 		t.Errorf("web still shown as forwarded after the takeover:\n%s", screen)

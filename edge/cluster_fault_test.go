@@ -42,11 +42,12 @@ const (
 
 func TestClusterEtcdFaults(t *testing.T) {
 	scenarios := map[string]func(t *testing.T){
-		"MemberFrozen":        testMemberFrozen,
-		"MemberCut":           testMemberCut,
-		"WatchFrozenTakeover": testWatchFrozenTakeover,
-		"LeaderKilled":        testLeaderKilled,
-		"AuthChange":          testAuthChange,
+		"MemberFrozen":                 testMemberFrozen,
+		"MemberCut":                    testMemberCut,
+		"WatchFrozenTakeover":          func(t *testing.T) { testWatchFrozenTakeover(t, faultTTL) },
+		"WatchFrozenTakeoverLongCalls": func(t *testing.T) { testWatchFrozenTakeover(t, longCallTTL) },
+		"LeaderKilled":                 testLeaderKilled,
+		"AuthChange":                   testAuthChange,
 	}
 	for name, run := range scenarios {
 		t.Run(name, func(t *testing.T) {
@@ -69,8 +70,9 @@ type rig struct {
 }
 
 // newRig starts the cluster and the edges; with user set, etcd has auth
-// enabled and the edges log in as that user (root).
-func newRig(t *testing.T, opts etcdtest.ClusterOptions, user, password string) *rig {
+// enabled and the edges log in as that user (root). tune changes the
+// edges' registry settings after the rig's own.
+func newRig(t *testing.T, opts etcdtest.ClusterOptions, user, password string, tune ...func(*registry.EtcdConfig)) *rig {
 	r := &rig{t: t, etcd: etcdtest.StartCluster(t, opts), c: newTestCluster(t)}
 	r.admin = r.etcd.Client(t, "", "")
 	if user != "" {
@@ -88,6 +90,9 @@ func newRig(t *testing.T, opts etcdtest.ClusterOptions, user, password string) *
 		r.edges = append(r.edges, r.c.startWith(fmt.Sprintf("e%d", e), eps, func(ec *registry.EtcdConfig) {
 			ec.LeaseTTL, ec.CallTimeout, ec.RouteStaleness = faultTTL, 0, 0 // the defaults' fractions
 			ec.RetryInterval, ec.Username, ec.Password = 200*time.Millisecond, user, password
+			for _, f := range tune {
+				f(ec)
+			}
 		}, func(cfg *edge.Config) {
 			// Only a graceful unbind releases a name within a test's time.
 			cfg.HeartbeatTimeout, cfg.HelloTimeout = time.Minute, 10*(faultTTL/10)
@@ -393,13 +398,36 @@ func testMemberCut(t *testing.T) {
 	underFault(t, r, func() { r.etcd.Cut(m) }, func() { r.etcd.Mend(m) })
 }
 
+// longCallTTL is WatchFrozenTakeoverLongCalls' lease TTL: its call
+// timeout, a tenth of it, is longer than the route staleness.
+const longCallTTL = 15 * faultStaleness
+
 // testWatchFrozenTakeover: the member carrying edge e0's watch hangs for
 // e0 alone, and the agent of a name held on e0 takes it over through e1
-// (same instance, a new session). Visitors sample every edge
-// continuously: no edge may route a visitor to the old session later
-// than the staleness bound after the takeover.
-func testWatchFrozenTakeover(t *testing.T) {
-	r := newRig(t, etcdtest.ClusterOptions{}, "", "")
+// (same instance, a new session), on edges of lease TTL ttl and the
+// default route staleness. Visitors sample every edge continuously: no
+// edge may route a visitor to the old session later than the staleness
+// bound after the takeover. A visit is routed after it starts and before
+// it ends, and the takeover committed before the test's own watch of etcd
+// showed it (took): a visit to the old session that started more than the
+// bound after took was routed too late, however loaded the machine. One
+// that only ended past the bound may have been routed in time and then
+// waited for a CPU: that is a figure.
+//
+// Two things end e0's route to the old session: a confirm round finds
+// the watch silent a call timeout (a tenth of the TTL) after it asked
+// and replaces it, or the bound runs out and e0 reads the name from etcd.
+// With the default TTL the replacement mostly comes first, so a cache
+// trusted past the bound would pass unseen; with longCallTTL the bound
+// always comes first. But there a confirm read sent to the hung member
+// runs out (at half the staleness) before it would be hedged (at half the
+// call timeout), and the rounds that fail so leave the cache unconfirmed:
+// a cache confirmed without its watch would pass unseen as often as not,
+// where the default TTL's hedged reads show it every time.
+func testWatchFrozenTakeover(t *testing.T, ttl time.Duration) {
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) {
+		ec.LeaseTTL, ec.RouteStaleness = ttl, faultStaleness
+	})
 	inst := fmt.Sprintf("%032x", r.insts.Add(1))
 	r.agentOf(0, "app", "old", inst).WaitOnline(t)
 	r.reach("app", "old", time.Now())
@@ -409,29 +437,45 @@ func testWatchFrozenTakeover(t *testing.T) {
 	r.paths[0][m].Block()
 	r.agentOf(1, "app", "new", inst).WaitOnline(t)
 	took := <-seen
+	// At most how long before the takeover etcd last confirmed e0's cache,
+	// which e0 then trusts for the rest of the bound (the age is read
+	// last, so that this is an upper bound).
+	since := time.Since(took)
+	confirmed := r.edges[0].store.RouteStats().Age - since
 	r.reach("app", "new", took)
 	time.Sleep(faultStaleness) // sampling on, past the bound
 	tr.halt()
 	r.heal()
-	var worst time.Duration
+	var worst, worstEnd time.Duration
 	for e := range r.edges {
-		var last time.Duration
-		n := 0
-		tr.mu.Lock()
-		for _, v := range tr.visits {
-			if v.edge == e && v.body == "old" && v.end.After(took) {
-				last, n = max(last, v.end.Sub(took)), n+1
-			}
-		}
-		tr.mu.Unlock()
-		figure(t, "e%d routed %d visitors to the old session after the takeover, the last ending %v after it (bound %v)",
-			e, n, last.Round(time.Millisecond), faultStaleness)
-		worst = max(worst, last)
+		n, started, ended := tr.last(e, "old", took)
+		figure(t, "e%d routed %d visitors to the old session after the takeover, the last started %v and ended %v after it (bound %v)",
+			e, n, started.Round(time.Millisecond), ended.Round(time.Millisecond), faultStaleness)
+		worst, worstEnd = max(worst, started), max(worstEnd, ended)
 	}
-	figure(t, "longest window in which an edge routed to the old session: %v (bound %v; e0's watch member frozen)", worst.Round(time.Millisecond), faultStaleness)
+	figure(t, "longest window in which an edge routed to the old session: %v to the start of its last visit, %v to its end (bound %v; e0's watch member frozen, its cache last confirmed at most %v before the takeover)",
+		worst.Round(time.Millisecond), worstEnd.Round(time.Millisecond), faultStaleness, confirmed.Round(time.Millisecond))
 	if worst > faultStaleness {
-		t.Errorf("an edge routed to the old session %v after the takeover; the bound is %v", worst, faultStaleness)
+		t.Errorf("an edge routed to the old session a visit that started %v after the takeover; the bound is %v", worst, faultStaleness)
 	}
+}
+
+// last returns how many visits through edge e answered body and ended
+// after since, and how long after since the last of them started and
+// ended (zero when none did).
+func (tr *traffic) last(e int, body string, since time.Time) (n int, started, ended time.Duration) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, v := range tr.visits {
+		if v.edge != e || v.body != body || !v.end.After(since) {
+			continue
+		}
+		if n == 0 || v.start.Sub(since) > started {
+			started = v.start.Sub(since)
+		}
+		ended, n = max(ended, v.end.Sub(since)), n+1
+	}
+	return n, started, ended
 }
 
 // watchMember returns the member that carries edge e's watch: the one

@@ -124,11 +124,11 @@ type Etcd struct {
 	nodes  map[string]string
 	fresh  freshness
 
-	members members // where the lease's keep-alive lanes go (renew)
+	members  members // where the lease's keep-alive lanes go (renew)
+	watchers members // where the watch goes, in turn (watchFrom)
 
 	flight  singleflight.Group // one read per hostname at a time
 	rereads chan struct{}      // bounds the hostnames read at once
-	restart chan struct{}      // asks the watch for a new stream
 	counts  routeCounts
 
 	life      context.Context // ends at Close
@@ -182,8 +182,10 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 10*cfg.CallTimeout), staleness: cfg.RouteStaleness,
 		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{},
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
-		rereads: make(chan struct{}, maxRereads), restart: make(chan struct{}, 1),
-		members: members{turn: rand.IntN(max(len(cfg.Endpoints), 1))}, // edges do not all start on one member
+		rereads: make(chan struct{}, maxRereads),
+		// Edges do not all start on one member.
+		members:  members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
+		watchers: members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
 	}
 }
 

@@ -505,13 +505,20 @@ func TestEtcdRouteUnconfirmed(t *testing.T) {
 // the one carrying its watch goes silent (open, no answers) while a takes
 // the hostname over. b routes the new binding within its staleness bound,
 // by reading it, then its watch moves to the other path and its cache
-// follows; its lease holds throughout.
+// follows: etcd confirms it current again, which only a watch that
+// delivers allows (the read that routed the binding put it in the cache
+// too). The new stream lands on the silent path again as often as not,
+// and is replaced again a round later; gRPC's keepalive would end the
+// silent connection, and the watch with it, only after 11 s. b's lease
+// holds throughout.
 func TestEtcdWatchStalled(t *testing.T) {
 	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	target := strings.TrimPrefix(cli[0], "http://")
 	paths := []*tunneltest.FaultProxy{tunneltest.StartFaultProxy(t, target), tunneltest.StartFaultProxy(t, target)}
 	var hb hookLog
-	const staleness = 500 * time.Millisecond
+	// watchReplaced is some twenty rounds of 150 ms plus an eighth, and
+	// a confirm round of up to 156 ms each; under gRPC's keepalive.
+	const staleness, watchReplaced = 500 * time.Millisecond, 8 * time.Second
 	b := startNode(t, []string{"http://" + paths[0].Addr(), "http://" + paths[1].Addr()}, prefix, "b", hb.hooks(), func(c *registry.EtcdConfig) {
 		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 2*time.Second, staleness, 150*time.Millisecond
 	})
@@ -538,8 +545,16 @@ func TestEtcdWatchStalled(t *testing.T) {
 		return err == nil && ok && r == second.Binding
 	})
 	routed := time.Since(frozen)
-	eventually(t, "b's watch to deliver the takeover", func() bool { r, _ := b.Lookup(host); return r == second.Binding })
+	for b.RouteStats().Age >= staleness {
+		if time.Since(frozen) > watchReplaced {
+			t.Fatalf("b's cache not confirmed current %v after its watch went silent: the watch was not replaced", watchReplaced)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	followed := time.Since(frozen)
+	if r, _ := b.Lookup(host); r != second.Binding {
+		t.Fatalf("b's cache holds %+v once confirmed, want %+v", r, second.Binding)
+	}
 	t.Logf("b routed the takeover %v after its watch went silent (bound %v), its cache followed after %v",
 		routed.Round(time.Millisecond), staleness, followed.Round(time.Millisecond))
 	if routed > staleness+time.Second {
@@ -554,6 +569,51 @@ func TestEtcdWatchStalled(t *testing.T) {
 	if n := hb.count(func(h *hookLog) int { return h.lost }); n != 0 {
 		t.Fatalf("b reported its lease lost %d times with one of two paths silent", n)
 	}
+}
+
+// TestEtcdWatchReplacedAgain: node b reaches one etcd member by three
+// paths; the one carrying its watch goes silent, and so does the next in
+// turn, where b's first replacement goes. etcd's client holds a new watch
+// until its member has created it, so b must end that one too, a round
+// later, for its watch to reach the third path and deliver the change a
+// made meanwhile. Nothing else brings it to b's cache: b reads nothing.
+func TestEtcdWatchReplacedAgain(t *testing.T) {
+	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
+	target := strings.TrimPrefix(cli[0], "http://")
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, target)
+		t.Cleanup(p.Unblock) // before b's Close
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	b := startNode(t, eps, prefix, "b", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 2*time.Second, 500*time.Millisecond, 150*time.Millisecond
+	})
+	a := startNode(t, cli, prefix, "a", registry.Hooks{})
+	first, err := openBind(t, a, claim(instA, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return r == first.Binding })
+	w := slices.Index(paths, carrier(t, paths, prefix))
+	paths[w].Block()
+	paths[(w+1)%len(paths)].Block()
+	frozen := time.Now()
+	second, err := openBind(t, a, claim(instA, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Below gRPC's keepalive, which would end the silent connections
+	// after 11 s.
+	const replaced = 8 * time.Second
+	for r, _ := b.Lookup(host); r != second.Binding; r, _ = b.Lookup(host) {
+		if time.Since(frozen) > replaced {
+			t.Fatalf("b's watch did not deliver the second binding within %v of two of its three paths going silent", replaced)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("b's watch delivered the second binding %v after two of its three paths went silent", time.Since(frozen).Round(time.Millisecond))
 }
 
 // carrier returns the path of paths that carries the watch: the one that

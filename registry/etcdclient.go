@@ -459,12 +459,14 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 	return append(lanes, s.openLane(ctx, s.nextMember(lanes), answers, wg)), true
 }
 
-// members places the lease's keep-alive lanes: a connection to each
-// member alone (the client's Dial: its credentials, token and keepalive),
-// made when a lane first goes there, and whose turn is next. The client's
-// balanced connection cannot be told where a stream goes, and it placed
-// every new lane on the hung member that held the lanes before it, until
-// the lease was lost. Only the keep-alive loop uses it; Close closes the
+// members places streams of the store's own: a connection to each member
+// alone (the client's Dial: its credentials, token and keepalive), made
+// when a stream first goes there, and whose turn is next. The client's
+// balanced connection cannot be told where a stream goes: it placed every
+// new keep-alive lane on the hung member that held the lanes before it,
+// until the lease was lost, and a new watch on the hung member its last
+// one was silent on, round after round. The keep-alive lanes and the watch
+// each have their own, which only their loop uses; Close closes the
 // connections.
 type members struct {
 	conns []*grpc.ClientConn
@@ -488,26 +490,26 @@ func (s *Etcd) nextMember(lanes []*lane) int {
 	return m
 }
 
-// memberConn returns the connection to member m alone, made on first use
+// memberConn returns ms's connection to member m alone, made on first use
 // (no I/O: gRPC connects when a stream needs it).
-func (s *Etcd) memberConn(m int) (*grpc.ClientConn, error) {
-	if s.members.conns == nil {
-		s.members.conns = make([]*grpc.ClientConn, len(s.cfg.Endpoints))
+func (s *Etcd) memberConn(ms *members, m int) (*grpc.ClientConn, error) {
+	if ms.conns == nil {
+		ms.conns = make([]*grpc.ClientConn, len(s.cfg.Endpoints))
 	}
-	if s.members.conns[m] == nil {
+	if ms.conns[m] == nil {
 		c, err := s.cli.Dial(s.cfg.Endpoints[m])
 		if err != nil {
 			return nil, fmt.Errorf("registry: connect to %s: %w", s.cfg.Endpoints[m], err)
 		}
-		s.members.conns[m] = c
+		ms.conns[m] = c
 	}
-	return s.members.conns[m], nil
+	return ms.conns[m], nil
 }
 
-// closeMembers closes the lanes' connections, once the keep-alive loop
-// has ended.
+// closeMembers closes the lanes' and the watch's connections, once their
+// loops have ended.
 func (s *Etcd) closeMembers() {
-	for _, c := range s.members.conns {
+	for _, c := range slices.Concat(s.members.conns, s.watchers.conns) {
 		if c != nil {
 			c.Close()
 		}
@@ -536,7 +538,7 @@ type answer struct {
 func (s *Etcd) openLane(ctx context.Context, m int, answers chan<- answer, wg *sync.WaitGroup) *lane {
 	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	l := &lane{member: m, cancel: cancel}
-	conn, err := s.memberConn(m)
+	conn, err := s.memberConn(&s.members, m)
 	if err != nil {
 		cancel()
 		l.failed = true

@@ -5,14 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
 )
 
 // The route cache. A watch on the prefix applies every change; it cannot
@@ -31,9 +30,6 @@ import (
 // the cache is unconfirmed.
 const maxVerified = 4096
 
-// watchAttemptKey is gRPC metadata that differs for every watch attempt.
-const watchAttemptKey = "ngstone-watch-attempt"
-
 // errWatchClosed means the watch channel closed without saying why.
 var errWatchClosed = errors.New("registry: etcd watch closed")
 
@@ -44,7 +40,9 @@ type freshness struct {
 	watchedRev  int64                // every event up to it has been applied
 	watchSeen   time.Time            // the watch's last answer of any kind
 	progressed  chan struct{}        // closed when watchedRev moves
-	watchCtx    context.Context      // the current watch's, for RequestProgress
+	watcher     clientv3.Watcher     // the current watch's, for RequestProgress
+	watchCtx    context.Context      // the same
+	stopWatch   func(error)          // ends the current watch, with that cause
 	stale       bool                 // logged as stale
 }
 
@@ -293,8 +291,8 @@ func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, nodes map
 // reloads the caches.
 func (s *Etcd) watch(ctx context.Context) {
 	defer s.wg.Done()
-	for n := 0; ctx.Err() == nil; n++ {
-		err := s.watchFrom(ctx, n, s.watched())
+	for ctx.Err() == nil {
+		err := s.watchFrom(ctx, s.watched())
 		switch {
 		case ctx.Err() != nil:
 			return
@@ -325,38 +323,51 @@ func (s *Etcd) reload(ctx context.Context) {
 	}
 }
 
-// watchFrom runs one watch from revision rev+1 until it breaks or is asked
-// to restart.
-func (s *Etcd) watchFrom(ctx context.Context, n int, rev int64) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	// Metadata of its own: the client opens a new stream, placed on a
-	// member of the balancer's choice, instead of joining the silent one.
-	wctx = metadata.AppendToOutgoingContext(wctx, watchAttemptKey, strconv.Itoa(n))
-	s.mu.Lock()
-	s.fresh.watchCtx = wctx
-	s.mu.Unlock()
-	select {
-	case <-s.restart: // asked of the previous watch
-	default:
+// watchFrom runs one watch from revision rev+1, on the next member in
+// turn, until it breaks or confirmLoop ends it.
+func (s *Etcd) watchFrom(ctx context.Context, rev int64) error {
+	m := s.watchers.turn % len(s.cfg.Endpoints)
+	s.watchers.turn++
+	conn, err := s.memberConn(&s.watchers, m)
+	if err != nil {
+		return err
 	}
-	wch := s.cli.Watch(wctx, s.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
+	w := clientv3.NewWatchFromWatchClient(pb.NewWatchClient(conn), s.cli)
+	defer w.Close()
+	wctx, stop := context.WithCancelCause(clientv3.WithRequireLeader(ctx))
+	defer stop(nil)
+	s.mu.Lock()
+	s.fresh.watcher, s.fresh.watchCtx, s.fresh.stopWatch = w, wctx, stop
+	s.mu.Unlock()
+	// Watch returns once the member has created the watch: a silent one
+	// holds it until wctx ends.
+	wch := w.Watch(wctx, s.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1), clientv3.WithProgressNotify())
 	for {
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.restart:
-			return errStalled
+		case <-wctx.Done():
+			return context.Cause(wctx)
 		case wr, ok := <-wch:
-			if !ok {
+			switch {
+			case wctx.Err() != nil:
+				return context.Cause(wctx)
+			case !ok:
 				return errWatchClosed
-			}
-			if err := wr.Err(); err != nil {
-				return err
+			case wr.Err() != nil:
+				return wr.Err()
 			}
 			s.watchResponse(wr)
 		}
 	}
+}
+
+// watchStop returns what ends the current watch; before the first, nothing.
+func (s *Etcd) watchStop() func(error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fresh.stopWatch == nil {
+		return func(error) {}
+	}
+	return s.fresh.stopWatch
 }
 
 func (s *Etcd) watchResponse(wr clientv3.WatchResponse) {
@@ -440,7 +451,8 @@ func (s *Etcd) pruneTombs() {
 // every time (a hung one, as the fault test found).
 // A watch that answers nothing when asked for its progress, or that stays
 // behind for two rounds in a row (its member may have lost its peers, and
-// still answers from what it has), is replaced.
+// still answers from what it has), is ended, and the watch loop replaces
+// it; the round ends the watch it asked, not one opened since.
 func (s *Etcd) confirmLoop(ctx context.Context) {
 	defer s.wg.Done()
 	behind := 0
@@ -450,6 +462,7 @@ func (s *Etcd) confirmLoop(ctx context.Context) {
 			return
 		case <-time.After(jitter(s.staleness / 4)):
 		}
+		stop := s.watchStop()
 		silent, err := s.confirm(ctx)
 		switch {
 		case err == nil:
@@ -460,10 +473,7 @@ func (s *Etcd) confirmLoop(ctx context.Context) {
 		}
 		if silent || behind >= 2 {
 			behind = 0
-			select {
-			case s.restart <- struct{}{}:
-			default:
-			}
+			stop(errStalled)
 		}
 		s.noteStale(err)
 	}
@@ -530,14 +540,14 @@ func (s *Etcd) awaitWatched(ctx context.Context, rev int64, asked time.Time) (si
 // requestProgress asks the current watch for a progress notification.
 func (s *Etcd) requestProgress() {
 	s.mu.Lock()
-	wctx := s.fresh.watchCtx
+	w, wctx := s.fresh.watcher, s.fresh.watchCtx
 	s.mu.Unlock()
-	if wctx == nil {
+	if w == nil {
 		return
 	}
 	pctx, cancel := context.WithTimeout(wctx, s.callTimeout)
 	defer cancel()
-	s.cli.RequestProgress(pctx)
+	w.RequestProgress(pctx)
 }
 
 // silentSince reports a watch that has said nothing since asked, though

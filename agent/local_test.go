@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -556,19 +557,49 @@ func TestLocalFailureWarnings(t *testing.T) {
 	}
 }
 
-// TestHTTP2OnlyLocalServiceHint: a gRPC server behind a tunnel left at
-// HTTP/1.1 answers with its HTTP/2 SETTINGS frame; the visitor gets 502
-// bad_response and the warning names the flag that fixes it.
+// TestHTTP2OnlyLocalServiceHint: a local service that speaks only HTTP/2
+// (a gRPC server) gets 502 bad_response and a warning naming
+// --upstream-protocol http2, whether its SETTINGS frame comes as the
+// answer to the request or before the request was written (as on a busy
+// machine: the transport then finds bytes on an idle connection, closes
+// it, and the request fails writing).
 func TestHTTP2OnlyLocalServiceHint(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	go srv.Serve(ln)
-	defer srv.Stop()
+	t.Run("settings as the answer", func(t *testing.T) {
+		addr, _, _ := rawServer(t, "\x00\x00\x00\x04\x00\x00\x00\x00\x00") // an empty SETTINGS frame
+		wantHTTP2Hint(t, addr)
+	})
+	t.Run("settings before the request", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := grpc.NewServer()
+		go srv.Serve(ln)
+		defer srv.Stop()
+		wantHTTP2Hint(t, ln.Addr().String(), func(a *Agent) {
+			tr := a.tunnels[0].transport()
+			dial := tr.DialContext
+			tr.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+				c, err := dial(ctx, network, addr)
+				if err != nil {
+					return nil, err
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for _, clean := watchedOf(c).idle(); clean && time.Now().Before(deadline); _, clean = watchedOf(c).idle() {
+					time.Sleep(time.Millisecond)
+				}
+				return c, nil
+			}
+		})
+	})
+}
+
+// wantHTTP2Hint posts to the local service at addr through an agent made
+// with setup, and wants 502 bad_response and the hint.
+func wantHTTP2Hint(t *testing.T, addr string, setup ...func(*Agent)) {
+	t.Helper()
 	var logs strings.Builder
-	a := relayAgentWith(t, ln.Addr().String(), Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	a := relayAgentWith(t, addr, Config{}, slog.New(slog.NewTextHandler(&logs, nil)), setup...)
 	resp, body := do(t, a, "POST", "hello")
 	wantVisitorError(t, resp, body, mux.CodeBadResponse)
 	if want := "--upstream-protocol http2"; !strings.Contains(logs.String(), want) {

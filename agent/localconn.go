@@ -44,7 +44,24 @@ type watchedConn struct {
 	mu       sync.Mutex
 	read     int64
 	poisoned atomic.Bool
+	http2    atomic.Bool // the first bytes it read were an HTTP/2 SETTINGS frame
 }
+
+// noteFirst notes whether b, the first bytes read from the connection,
+// begin with an HTTP/2 SETTINGS frame: what an h2c-only server (a gRPC
+// server) sends first, before it has read anything. net/http's transport
+// reads it as a malformed response when it comes after the request, but
+// as bytes on an idle connection when it comes first, which it closes:
+// the request then fails writing, and only this says why.
+func (c *watchedConn) noteFirst(b []byte) {
+	// A frame's head: a 24-bit length (under 64 KiB: its first byte 0),
+	// its type (4, SETTINGS), flags, and stream 0.
+	if len(b) >= 9 && b[0] == 0 && b[3] == 4 && b[5]|b[6]|b[7]|b[8] == 0 {
+		c.http2.Store(true)
+	}
+}
+
+func (c *watchedConn) spokeHTTP2() bool { return c.http2.Load() }
 
 // poison makes every later read and write of c fail, and closes it.
 func (c *watchedConn) poison() {
@@ -69,6 +86,9 @@ func (c *watchedConn) Read(p []byte) (int, error) {
 	}
 	n, err := c.Conn.Read(p)
 	c.mu.Lock()
+	if c.read == 0 {
+		c.noteFirst(p[:n])
+	}
 	c.read += int64(n)
 	c.mu.Unlock()
 	return n, err
@@ -90,6 +110,7 @@ type watched interface {
 	poison()
 	readSoFar() int64
 	isPoisoned() bool
+	spokeHTTP2() bool
 }
 
 // dialWatched dials the local service with d.
@@ -152,6 +173,14 @@ func (k *cleanCheck) gotFirstByte() {
 		k.tainted = true
 		k.wc.poison()
 	}
+}
+
+// spokeHTTP2 reports whether the request's connection began with an
+// HTTP/2 SETTINGS frame from the local service.
+func (k *cleanCheck) spokeHTTP2() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.wc != nil && k.wc.spokeHTTP2()
 }
 
 // refused reports whether the response must be refused.

@@ -83,6 +83,9 @@ func (c *watchedUnix) readFd(fd uintptr) bool {
 		return false
 	}
 	if c.n > 0 {
+		if c.read == 0 {
+			c.noteFirst(c.buf[:c.n])
+		}
 		c.read += int64(c.n)
 	}
 	return true

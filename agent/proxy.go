@@ -550,6 +550,13 @@ func (t *tunnel) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 // answer (err), on either path.
 func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
 	code := upstreamCode(err)
+	http2 := x != nil && x.check.spokeHTTP2()
+	if http2 {
+		// The local service answered in HTTP/2, whatever ended the
+		// request after it (a write to the connection it closed, or
+		// reset): not a service that is unreachable.
+		code = mux.CodeBadResponse
+	}
 	if code == mux.CodeBadResponse && x != nil && mux.IsGRPC(r) && deadlinePassed(r.Header, x.start) {
 		// The local server ended the call at the deadline its client
 		// set (grpc-go resets the stream as it fires): the answer is
@@ -563,7 +570,7 @@ func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchang
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	t.localFailed(code, err)
+	t.localFailed(code, err, http2)
 	if x != nil {
 		x.code.Store(code)
 	}

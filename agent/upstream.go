@@ -116,14 +116,16 @@ func warnStray(log *slog.Logger, f *localFailures, args ...any) {
 }
 
 // localFailed logs a request the local service failed, as a warning with a
-// hint at the likely fix, at most once every localWarnEvery.
-func (t *tunnel) localFailed(code string, err error) {
+// hint at the likely fix, at most once every localWarnEvery; http2 says
+// the request's connection began with an HTTP/2 frame from the local
+// service.
+func (t *tunnel) localFailed(code string, err error, http2 bool) {
 	unsaid, due := t.failures.due()
 	if !due {
 		return
 	}
 	args := []any{"code", code, "local", t.local.String(), "err", err}
-	if hint := localHint(t.local, code, err); hint != "" {
+	if hint := localHint(t.local, code, err, http2); hint != "" {
 		args = append(args, "hint", hint)
 	}
 	if unsaid > 0 {
@@ -133,8 +135,9 @@ func (t *tunnel) localFailed(code string, err error) {
 }
 
 // localHint says what to do about a request to the local service that
-// failed with err (visitor error code code).
-func localHint(local *url.URL, code string, err error) string {
+// failed with err (visitor error code code), on a connection that began
+// with an HTTP/2 frame if http2.
+func localHint(local *url.URL, code string, err error, http2 bool) string {
 	var cert *tls.CertificateVerificationError
 	switch {
 	case errors.As(err, &cert):
@@ -143,7 +146,7 @@ func localHint(local *url.URL, code string, err error) string {
 		return "nothing accepts connections at " + hostPort(local) + ": is the local service running?"
 	case code == mux.CodeUpstreamTimeout:
 		return "the local service sent no response headers within --upstream-timeout"
-	case code == mux.CodeBadResponse && strings.Contains(err.Error(), http2Answer):
+	case code == mux.CodeBadResponse && (http2 || strings.Contains(err.Error(), http2Answer)):
 		return "the local service answered in HTTP/2 (a gRPC server?): run the tunnel with --upstream-protocol http2"
 	}
 	return ""

@@ -3,7 +3,6 @@ package agent_test
 import (
 	"io"
 	"net/http"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -13,18 +12,7 @@ import (
 )
 
 // workers counts the goroutines that serve a session's streams.
-func workers() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	return strings.Count(string(buf), "agent.(*workers).work(")
-}
+func workers() int { return strings.Count(tunneltest.Stacks(), "agent.(*workers).work(") }
 
 // TestWorkersFollowLoad: the goroutines serving a session's streams grow
 // with the streams served at once, shrink once idle to the one that waits

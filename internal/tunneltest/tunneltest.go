@@ -262,20 +262,23 @@ func UseStoreAt(t testing.TB, cfg *edge.Config, store string, endpoints []string
 // net/http's idle client connections (an agent's connections to its local
 // service): a leak shows in the rest, while the pool may hold a few.
 func Goroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
 	n := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
+	for g := range strings.SplitSeq(Stacks(), "\n\n") {
 		if !strings.Contains(g, "net/http.(*persistConn).readLoop") && !strings.Contains(g, "net/http.(*persistConn).writeLoop") {
 			n++
 		}
 	}
 	return n
+}
+
+// Stacks returns the stacks of all of this process's goroutines, whole.
+func Stacks() string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return string(buf[:n])
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }

@@ -91,7 +91,7 @@ func TestStrayBytesNeverCrossVisitors(t *testing.T) {
 				method = "HEAD"
 			}
 			visitors := []*http.Client{e.Client(), e.Client()}
-			crossed := 0
+			crossed, refused := 0, 0
 			for round := range 200 {
 				if tc.later > 0 && round > 0 {
 					// The stray bytes arrive while the connection is
@@ -120,11 +120,21 @@ func TestStrayBytesNeverCrossVisitors(t *testing.T) {
 					crossed++
 					t.Errorf("round %d: visitor %d received the other visitor's bytes: %d %q", round, who, resp.StatusCode, got)
 				}
-				if resp.StatusCode >= 500 {
-					t.Errorf("round %d: %d %s", round, resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
+				switch code := resp.Header.Get(mux.ErrorHeader); {
+				case resp.StatusCode == http.StatusBadGateway && code == mux.CodeBadResponse:
+					// The transport gave the connection out before its
+					// own read had found the stray bytes it buffered
+					// (a busy machine): the answer there before the
+					// request is refused, as README says.
+					refused++
+				case resp.StatusCode >= 500:
+					t.Errorf("round %d: %d %s", round, resp.StatusCode, code)
 				}
 			}
-			t.Logf("200 rounds, %d crossed", crossed)
+			if refused > 10 {
+				t.Errorf("%d of 200 rounds refused: the connections with stray bytes are not closed", refused)
+			}
+			t.Logf("200 rounds, %d crossed, %d refused", crossed, refused)
 		})
 	}
 }

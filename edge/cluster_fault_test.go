@@ -140,10 +140,17 @@ func (r *rig) agent(e int, sub, label string) *tunneltest.Agent {
 }
 
 // agentOf is agent with a given instance. Its dial, hello and bind may
-// take 5 s, ten of the edges' call timeouts, as by default.
+// take ten of the edges' call timeouts, as by default. Its heartbeats judge
+// the edge, which no fault here touches, so their timeout is sized for
+// -race on two busy cores: tunneltest's second is not (a starved test
+// process left one unanswered that long at load 10, and the agent ended a
+// session no edge had dropped). A session an edge drops for its registry
+// (a lost lease's GoAway, an eviction) ends at once, whatever the timeout;
+// an edge that stops answering for a quarter of the fault is still seen.
 func (r *rig) agentOf(e int, sub, label, instance string) *tunneltest.Agent {
 	ac := r.edges[e].AgentConfig("", labelBackend(r.t, label))
 	ac.Subdomain, ac.InstanceID, ac.DialTimeout = sub, instance, 10*(faultTTL/10)
+	ac.HeartbeatInterval, ac.HeartbeatTimeout = faultTTL/40, faultLength/4
 	return tunneltest.StartAgent(r.t, ac)
 }
 

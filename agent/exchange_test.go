@@ -24,6 +24,9 @@ func (f *fakeWatched) idle() (int64, bool) { return f.read, !f.waiting && !f.poi
 func (f *fakeWatched) poison()             { f.poisoned = true }
 func (f *fakeWatched) readSoFar() int64    { return f.read }
 func (f *fakeWatched) isPoisoned() bool    { return f.poisoned }
+func (f *fakeWatched) spokeHTTP2() bool    { return false }
+
+var _ watched = (*fakeWatched)(nil) // else watchedOf finds no watched connection, and the checks are skipped
 
 // watchedNet is a net.Conn that is a fakeWatched (GotConnInfo carries a
 // net.Conn).

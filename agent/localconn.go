@@ -113,6 +113,10 @@ type watched interface {
 	spokeHTTP2() bool
 }
 
+// Both ways of reading are watched: watchedOf finds a connection by this
+// interface, and one that fell out of it would go unchecked.
+var _ watched = (*watchedConn)(nil)
+
 // dialWatched dials the local service with d.
 func (t *tunnel) dialWatched(d *net.Dialer) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {

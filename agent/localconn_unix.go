@@ -27,6 +27,8 @@ type watchedUnix struct {
 	peekFn  func(fd uintptr)
 }
 
+var _ watched = (*watchedUnix)(nil)
+
 func newWatchedConn(t *tunnel, c net.Conn) net.Conn {
 	w := &watchedConn{Conn: c, t: t}
 	sc, ok := c.(syscall.Conn)

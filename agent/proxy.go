@@ -170,8 +170,8 @@ func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
 	srv.Close()
 }
 
-// streamListener counts each accepted stream in the agent's WaitGroup and
-// the drain's tracker. Closing it leaves the session to its owner.
+// streamListener counts each stream it accepts from ln, the session's, in
+// the agent's WaitGroup and the drain's tracker.
 type streamListener struct {
 	net.Listener
 	a    *Agent
@@ -179,14 +179,6 @@ type streamListener struct {
 
 	addrs         sync.Once
 	local, remote net.Addr // the session's, formatted once
-}
-
-func (l *streamListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return l.wrap(c), nil
 }
 
 // contextAcceptor is a listener whose accept ends with a context too.
@@ -232,8 +224,6 @@ func fixAddr(a net.Addr) net.Addr {
 
 func (a *fixedAddr) Network() string { return a.network }
 func (a *fixedAddr) String() string  { return a.s }
-
-func (l *streamListener) Close() error { return nil }
 
 // streamConn is one stream as the server sees it.
 type streamConn struct {

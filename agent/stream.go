@@ -486,15 +486,14 @@ func dropHopFields(h http.Header) {
 // it, for a cancellation that a visitor leaving within watchAfter gets that
 // much later.
 type watcher struct {
-	br       *bufio.Reader
-	sc       *streamConn
-	cancel   context.CancelFunc
-	mu       sync.Mutex
-	timer    *time.Timer   // armed by start
-	stopped  bool          // stop has run: no watch starts after it
-	done     chan struct{} // closed when the watch, once started, ends
-	stopping atomic.Bool
-	b        [1]byte
+	br      *bufio.Reader
+	sc      *streamConn
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	timer   *time.Timer   // armed by start
+	stopped bool          // stop has run: no watch starts after it
+	done    chan struct{} // closed when the watch, once started, ends
+	b       [1]byte
 }
 
 // watchAfter is how long after a request's end the watch on its stream
@@ -516,12 +515,16 @@ func (w *watcher) run() {
 		w.mu.Unlock()
 		return
 	}
-	w.done = make(chan struct{})
+	done := make(chan struct{})
+	w.done = done
 	w.mu.Unlock()
-	defer close(w.done)
+	defer close(done)
 	for {
 		if _, err := w.br.Read(w.b[:]); err != nil {
-			if !w.stopping.Load() {
+			w.mu.Lock()
+			stopped := w.stopped // stop ended the read: nothing to cancel
+			w.mu.Unlock()
+			if !stopped {
 				w.cancel()
 			}
 			return
@@ -541,7 +544,6 @@ func (w *watcher) stop() {
 	if done == nil {
 		return
 	}
-	w.stopping.Store(true)
 	w.sc.SetReadDeadline(aLongTimeAgo)
 	<-done
 }

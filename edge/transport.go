@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -26,7 +27,9 @@ import (
 // serve another session or generation. It bounds what http.Transport
 // bounds: the response head's size (MaxResponseHead), the wait for it
 // (TunnelTimeout, from the end of the request body, as
-// ResponseHeaderTimeout), and the informational responses before it.
+// ResponseHeaderTimeout), the wait for the agent to take any of the body
+// (TunnelTimeout, afresh at each write), and the informational responses
+// before the head.
 type streamTransport struct{ e *Edge }
 
 // requestWriters buffer the request line, headers and body chunks of
@@ -119,17 +122,53 @@ func (x *exchange) write(req *http.Request) error {
 		}
 	}
 	bw := requestWriters.Get().(*bufio.Writer)
-	bw.Reset(x.conn)
+	var sw *stallWriter
+	if req.Body != nil && req.Body != http.NoBody {
+		sw = &stallWriter{c: x.conn, timeout: x.timeout}
+		bw.Reset(sw)
+	} else {
+		bw.Reset(x.conn)
+	}
 	err := req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
 	bw.Reset(nil)
 	requestWriters.Put(bw)
+	if sw != nil {
+		x.conn.SetWriteDeadline(time.Time{}) // an upgraded stream writes on
+		if sw.stalled {
+			x.stalled()
+		}
+	}
 	if err == nil {
 		x.arm()
 	}
 	return err
+}
+
+// stallWriter writes a request to its stream, each write given the tunnel
+// timeout afresh: the agent takes a body as fast as its local service
+// does, and one that has taken none of it for that long (its window
+// closed: a local service that reads nothing of the body and does not
+// answer, or an agent that never reads) ends the exchange as the tunnel
+// timeout does. The wait for the response head is counted from the end of
+// the body, which would otherwise never come, and hold the visitor for as
+// long as it waits.
+type stallWriter struct {
+	c       net.Conn
+	timeout time.Duration
+	stalled bool
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(w.timeout))
+	n, err := w.c.Write(p)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		w.stalled = true
+	}
+	return n, err
 }
 
 // awaitAccept waits, at most the tunnel timeout, until the agent has
@@ -168,6 +207,17 @@ func (x *exchange) timeOut() {
 	x.timedOut.Store(true)
 	x.conn.SetReadDeadline(time.Now())
 	x.close()
+}
+
+// stalled ends the exchange as the tunnel timeout does, its upload
+// stalled, unless the response head is in: that response goes on, and the
+// rest of the body is not sent.
+func (x *exchange) stalled() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.headDone {
+		x.timeOut()
+	}
 }
 
 // errNotAccepted: the session ended, or the visitor left, before the agent

@@ -131,6 +131,61 @@ func TestUploadToAgentThatNeverAccepts(t *testing.T) {
 	}
 }
 
+// TestUploadToAgentThatNeverReads: an agent that accepts an upload's
+// stream and then takes none of its body (its local service reads none of
+// it and does not answer, or the agent never reads its window) would hold
+// the visitor for as long as the visitor waits, since the tunnel timeout
+// counts from the end of the body. The edge gives each write of the body
+// the tunnel timeout afresh: the visitor gets its answer, 504
+// tunnel_timeout, once nothing of the body went for that long, over
+// HTTP/1.1 and HTTP/2, of a known length and of none (chunked). Each case
+// costs about the tunnel timeout.
+func TestUploadToAgentThatNeverReads(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
+	e := tunneltest.StartEdge(t, cfg)
+	raw, m := e.DialRaw(t, hello(""))
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "deaf"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind: %v", m)
+	}
+	go func() {
+		for {
+			// Accepted, and never read: the window closes. The
+			// session's end closes the streams.
+			if _, err := raw.YS.AcceptStream(); err != nil {
+				return
+			}
+		}
+	}()
+	for _, h2 := range []bool{false, true} {
+		for _, chunked := range []bool{false, true} {
+			c := e.Client()
+			c.Timeout = 10 * time.Second
+			if !h2 {
+				http1Only(c)
+			}
+			var body io.Reader = bytes.NewReader(make([]byte, 4<<20))
+			if chunked {
+				body = io.MultiReader(body) // no length the client can see
+			}
+			start := time.Now()
+			resp, err := c.Post(tunneltest.URL("https", "deaf", "/"), "application/octet-stream", body)
+			if err != nil {
+				t.Fatalf("h2 %v, chunked %v: an upload the agent never reads, after %s: %v", h2, chunked, time.Since(start), err)
+			}
+			resp.Body.Close()
+			if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeTunnelTimeout || (resp.ProtoMajor == 2) != h2 {
+				t.Fatalf("h2 %v, chunked %v: an upload the agent never reads: %s %d %q, want 504 %s", h2, chunked, resp.Proto, resp.StatusCode, code, mux.CodeTunnelTimeout)
+			}
+			c.CloseIdleConnections()
+		}
+	}
+}
+
 // TestLargeUploadOnAgentsSpare: an agent that keeps a spare stream open
 // (the edge lists mux.FeatureSpareStream) gets a large upload on it, sent
 // at once: the edge does not wait for an acceptance the agent's own

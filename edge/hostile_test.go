@@ -575,6 +575,67 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 	}
 }
 
+// TestAgentStatusNotHTTPs: an agent whose status line names no HTTP status
+// (net/http reads any three digits: 000, 099 and +20 as below 100, 600,
+// 999), or switches protocols for a request that asked for no upgrade,
+// gets its visitor 502 bad_response, over HTTP/1.1 and HTTP/2, and the
+// visitor's connection serves on. A status under 100 was passed on as an
+// informational response, which net/http's server refuses with a panic:
+// the visitor's connection (or HTTP/2 stream) was cut with no answer.
+func TestAgentStatusNotHTTPs(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	r, _ := e.DialRaw(t, hello(""))
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: "status"}).(*mux.BindOK); !ok {
+		t.Fatalf("bind: %v", m)
+	}
+	final := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	replies := map[string]string{
+		"/000":     "HTTP/1.1 000 X\r\nContent-Length: 0\r\n\r\n",
+		"/099":     "HTTP/1.1 099 X\r\n\r\n" + final,
+		"/plus20":  "HTTP/1.1 +20 X\r\n\r\n" + final,
+		"/600":     "HTTP/1.1 600 X\r\nContent-Length: 0\r\n\r\n",
+		"/999":     "HTTP/1.1 999 X\r\nContent-Length: 0\r\n\r\n",
+		"/unasked": "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n",
+		"/ok":      final,
+	}
+	go func() {
+		for {
+			st, err := r.YS.AcceptStream()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer st.Close()
+				req, err := http.ReadRequest(bufio.NewReader(st))
+				if err != nil {
+					return
+				}
+				io.WriteString(st, replies[req.URL.Path])
+			}()
+		}
+	}()
+	for _, h2 := range []bool{false, true} {
+		c := e.Client()
+		if !h2 {
+			http1Only(c)
+		}
+		for path := range replies {
+			for _, p := range []string{path, "/ok"} { // and the connection serves on
+				resp, err := c.Get(tunneltest.URL("https", "status", p))
+				if err != nil {
+					t.Fatalf("h2 %v, %s after %s: %v", h2, p, path, err)
+				}
+				resp.Body.Close()
+				status, code := resp.StatusCode, resp.Header.Get(mux.ErrorHeader)
+				if p == "/ok" && status != http.StatusOK || p != "/ok" && (status != http.StatusBadGateway || code != mux.CodeBadResponse) {
+					t.Errorf("h2 %v, %s after %s: %d %q, want 502 %s (200 for /ok)", h2, p, path, status, code, mux.CodeBadResponse)
+				}
+			}
+		}
+		c.CloseIdleConnections()
+	}
+}
+
 // http1Only makes c, one of tunneltest.Edge's clients, speak HTTP/1.1 only.
 func http1Only(c *http.Client) {
 	tr := c.Transport.(*http.Transport)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -350,6 +351,10 @@ func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
 		if read := x.headMax + responseReaderSize - x.src.n - int64(x.br.Buffered()); read > x.headMax {
 			return nil, errHeadTooLarge
 		}
+		if err := checkStatus(resp, req); err != nil {
+			resp.Body.Close()
+			return nil, err
+		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
 			return resp, nil
 		}
@@ -359,6 +364,22 @@ func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, errors.Join(errBadResponse, errors.New("too many informational responses"))
+}
+
+// checkStatus refuses a status net/http reads (any three digits, a sign
+// too) but no response may carry, as the agent refuses its local
+// service's: one under 100 would be passed on as informational, which the
+// visitor's server refuses with a panic. It refuses a switch of protocols
+// the request did not ask for, as the reverse proxy would, but with the
+// code of a bad response.
+func checkStatus(resp *http.Response, req *http.Request) error {
+	switch code := resp.StatusCode; {
+	case code < 100 || code > 599:
+		return fmt.Errorf("%w: status %d", errBadResponse, code)
+	case code == http.StatusSwitchingProtocols && req.Header.Get("Upgrade") == "":
+		return fmt.Errorf("%w: switching protocols unasked", errBadResponse)
+	}
+	return nil
 }
 
 // readError says why a response head could not be read: the limit, the

@@ -34,6 +34,30 @@ func (p *peer) stop() {
 	}
 }
 
+// schemeProcs is the peer's processes that carry scheme's visitors: those
+// named for it, or all of them.
+func (p *peer) schemeProcs(scheme string) []*proc {
+	var ps []*proc
+	for _, pr := range p.procs {
+		if strings.HasSuffix(pr.name, " "+scheme) {
+			ps = append(ps, pr)
+		}
+	}
+	if len(ps) == 0 {
+		return p.procs
+	}
+	return ps
+}
+
+// procNames names procs as "a / b".
+func procNames(procs []*proc) string {
+	var names []string
+	for _, p := range procs {
+		names = append(names, p.name)
+	}
+	return strings.Join(names, " / ")
+}
+
 // cpu is the CPU time of all the peer's processes.
 func (p *peer) cpu() time.Duration {
 	var d time.Duration

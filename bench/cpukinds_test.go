@@ -63,3 +63,17 @@ func TestKindOfSides(t *testing.T) {
 		}
 	}
 }
+
+func TestSchemeProcs(t *testing.T) {
+	p := &peer{procs: []*proc{{name: "relay http 1"}, {name: "relay https 1"}, {name: "mux edge http"}}}
+	if got := procNames(p.schemeProcs("http")); got != "relay http 1 / mux edge http" {
+		t.Errorf("http: %q", got)
+	}
+	if got := procNames(p.schemeProcs("https")); got != "relay https 1" {
+		t.Errorf("https: %q", got)
+	}
+	frp := &peer{procs: []*proc{{name: "frps"}, {name: "frpc"}}}
+	if got := procNames(frp.schemeProcs("http")); got != "frps / frpc" {
+		t.Errorf("a peer with no process named for the scheme: %q, want all of them", got)
+	}
+}

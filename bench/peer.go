@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -35,11 +36,12 @@ func (p *peer) stop() {
 }
 
 // schemeProcs is the peer's processes that carry scheme's visitors: those
-// named for it, or all of them.
+// whose name has it as a word ("mux edge http", "relay http 1"), or all of
+// them.
 func (p *peer) schemeProcs(scheme string) []*proc {
 	var ps []*proc
 	for _, pr := range p.procs {
-		if strings.HasSuffix(pr.name, " "+scheme) {
+		if slices.Contains(strings.Fields(pr.name), scheme) {
 			ps = append(ps, pr)
 		}
 	}

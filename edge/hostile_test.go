@@ -528,28 +528,13 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 	for _, session := range []bool{false, true} {
 		for _, h2 := range []bool{false, true} {
 			name := fmt.Sprintf("cut-%v-%v", session, h2)
-			r, _ := e.DialRaw(t, hello(""))
-			if m, ok := r.Bind(t, &mux.Bind{Subdomain: name}).(*mux.BindOK); !ok {
-				t.Fatalf("bind %s: %v", name, m)
-			}
-			go func() {
-				for {
-					st, err := r.YS.AcceptStream()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer st.Close()
-						if _, err := http.ReadRequest(bufio.NewReader(st)); err != nil {
-							return
-						}
-						io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Local: broken\r\n\r\n")
-						if session {
-							r.YS.Close() // the head is ahead of the session's end in the connection
-						}
-					}()
+			r := boundRaw(t, e, name)
+			answerStreams(r, func(st net.Conn, _ *http.Request) {
+				io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Local: broken\r\n\r\n")
+				if session {
+					r.YS.Close() // the head is ahead of the session's end in the connection
 				}
-			}()
+			})
 			c := e.Client()
 			if !h2 {
 				http1Only(c)
@@ -584,10 +569,7 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 // the visitor's connection (or HTTP/2 stream) was cut with no answer.
 func TestAgentStatusNotHTTPs(t *testing.T) {
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	r, _ := e.DialRaw(t, hello(""))
-	if m, ok := r.Bind(t, &mux.Bind{Subdomain: "status"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
+	r := boundRaw(t, e, "status")
 	final := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 	replies := map[string]string{
 		"/000":     "HTTP/1.1 000 X\r\nContent-Length: 0\r\n\r\n",
@@ -598,22 +580,7 @@ func TestAgentStatusNotHTTPs(t *testing.T) {
 		"/unasked": "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n",
 		"/ok":      final,
 	}
-	go func() {
-		for {
-			st, err := r.YS.AcceptStream()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer st.Close()
-				req, err := http.ReadRequest(bufio.NewReader(st))
-				if err != nil {
-					return
-				}
-				io.WriteString(st, replies[req.URL.Path])
-			}()
-		}
-	}()
+	answerStreams(r, func(st net.Conn, req *http.Request) { io.WriteString(st, replies[req.URL.Path]) })
 	for _, h2 := range []bool{false, true} {
 		c := e.Client()
 		if !h2 {
@@ -634,6 +601,38 @@ func TestAgentStatusNotHTTPs(t *testing.T) {
 		}
 		c.CloseIdleConnections()
 	}
+}
+
+// boundRaw is a raw agent session of the open edge e holding sub.
+func boundRaw(t *testing.T, e *tunneltest.Edge, sub string) *tunneltest.RawSession {
+	t.Helper()
+	r, m := e.DialRaw(t, hello(""))
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: sub}).(*mux.BindOK); !ok {
+		t.Fatalf("bind %s: %v", sub, m)
+	}
+	return r
+}
+
+// answerStreams has answer write the response to each request the edge
+// sends r, until r's session ends.
+func answerStreams(r *tunneltest.RawSession, answer func(st net.Conn, req *http.Request)) {
+	go func() {
+		for {
+			st, err := r.YS.AcceptStream()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer st.Close()
+				if req, err := http.ReadRequest(bufio.NewReader(st)); err == nil {
+					answer(st, req)
+				}
+			}()
+		}
+	}()
 }
 
 // http1Only makes c, one of tunneltest.Edge's clients, speak HTTP/1.1 only.

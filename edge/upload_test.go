@@ -110,13 +110,7 @@ func TestUploadToAgentThatNeverAccepts(t *testing.T) {
 	cfg.TunnelTimeout = 300 * time.Millisecond
 	cfg.HeartbeatTimeout = time.Minute
 	e := tunneltest.StartEdge(t, cfg)
-	raw, m := e.DialRaw(t, hello(""))
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "stuck"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
+	boundRaw(t, e, "stuck")
 	c := e.Client()
 	c.Timeout = 10 * time.Second
 	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
@@ -145,13 +139,7 @@ func TestUploadToAgentThatNeverReads(t *testing.T) {
 	cfg.TunnelTimeout = 300 * time.Millisecond
 	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
 	e := tunneltest.StartEdge(t, cfg)
-	raw, m := e.DialRaw(t, hello(""))
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "deaf"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
+	raw := boundRaw(t, e, "deaf")
 	go func() {
 		for {
 			// Accepted, and never read: the window closes. The

@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -12,9 +13,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
@@ -601,6 +606,96 @@ func TestAgentStatusNotHTTPs(t *testing.T) {
 		}
 		c.CloseIdleConnections()
 	}
+}
+
+// TestRapidResetVisitor: an HTTP/2 visitor that opens streams and resets
+// each at once (RFC 9113's cancel; the rapid reset attack), for requests
+// without a body, with one of unknown length and with one larger than a
+// stream's first window, cancels requests at every point of their way
+// through the edge, before an exchange is set up as well as after. The
+// edge serves on, and nothing is left: no stream in flight, no goroutine
+// of its own.
+// A request whose visitor had left before its exchange started had the
+// exchange's end run (on the context's goroutine) while the exchange was
+// still being set up: a data race, and a nil function called, which would
+// end the process, had that goroutine won it. About a second.
+func TestRapidResetVisitor(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(local.Close)
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "app"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	before := edgeGoroutines()
+	for _, kind := range []string{"get", "chunked", "large"} {
+		c, err := tls.Dial("tcp", e.Addr("https").String(), &tls.Config{RootCAs: e.Roots, ServerName: tunnelHost, NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		io.WriteString(c, http2.ClientPreface)
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings()
+		go func() { // the edge's frames, read and dropped
+			for {
+				if _, err := fr.ReadFrame(); err != nil {
+					return
+				}
+			}
+		}()
+		fields := h2Req("reset")
+		switch kind {
+		case "chunked":
+			fields = append([][2]string{{":method", "POST"}}, fields[1:]...)
+		case "large":
+			fields = append([][2]string{{":method", "POST"}, {"content-length", strconv.Itoa(4 * mux.InitialWindow)}}, fields[1:]...)
+		}
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		for _, f := range fields {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		for i := range 1000 {
+			id := uint32(2*i + 1)
+			err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndStream: kind == "get", EndHeaders: true})
+			if err == nil && kind != "get" {
+				err = fr.WriteData(id, false, make([]byte, 1000))
+			}
+			if err == nil {
+				err = fr.WriteRSTStream(id, http2.ErrCodeCancel)
+			}
+			if err != nil {
+				t.Fatalf("%s: stream %d: %v", kind, id, err)
+			}
+		}
+		c.Close()
+	}
+	tunneltest.Eventually(t, 10*time.Second, "no stream in flight", func() bool {
+		return scrape(t, e, "")["ngstone_streams_active"] == 0
+	})
+	c := e.Client()
+	if code, _ := visitorStatus(t, c, mustReq(tunneltest.URL("https", "app", "/"))); code != http.StatusOK {
+		t.Fatalf("after the resets: %d", code)
+	}
+	c.CloseIdleConnections()
+	tunneltest.Eventually(t, 10*time.Second, "the edge's goroutines of the visitors gone", func() bool {
+		return edgeGoroutines() <= before
+	})
+}
+
+// edgeGoroutines counts the goroutines running the edge's code (those of
+// the local service and the clients' idle connections left aside).
+func edgeGoroutines() int {
+	n := 0
+	for g := range strings.SplitSeq(tunneltest.Stacks(), "\n\n") {
+		if strings.Contains(g, "ngstone/ngstone/edge.") {
+			n++
+		}
+	}
+	return n
 }
 
 // boundRaw is a raw agent session of the open edge e holding sub.

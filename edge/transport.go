@@ -91,7 +91,7 @@ type exchange struct {
 // response head. The exchange ends when req's context does; on an error it
 // is over.
 func (x *exchange) start(req *http.Request) (*http.Response, error) {
-	x.stop = context.AfterFunc(req.Context(), x.close)
+	x.stop = context.AfterFunc(req.Context(), x.left)
 	if req.Body != nil && req.Body != http.NoBody {
 		go func() {
 			if err := x.write(req); err != nil {
@@ -279,12 +279,20 @@ func (b *readErrBody) failed() error {
 }
 
 // close ends the exchange; it may run on another goroutine than the reads
-// (a visitor gone, a timeout), so it leaves br alone.
+// (a timeout), so it leaves br alone.
 func (x *exchange) close() {
 	x.once.Do(func() {
 		x.stop()
 		x.conn.Close()
 	})
+}
+
+// left ends the exchange when the request's context ends (the visitor
+// left). It runs on the context's own goroutine, which a context done
+// already starts before start has stored stop, so it leaves stop alone:
+// the call it would cancel is this one.
+func (x *exchange) left() {
+	x.once.Do(func() { x.conn.Close() })
 }
 
 // release gives br back once nothing reads it any more.

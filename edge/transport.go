@@ -155,7 +155,12 @@ func (x *exchange) write(req *http.Request) error {
 // answer, or an agent that never reads) ends the exchange as the tunnel
 // timeout does. The wait for the response head is counted from the end of
 // the body, which would otherwise never come, and hold the visitor for as
-// long as it waits.
+// long as it waits. The edge sees the agent's progress only as yamux's
+// window updates, sent once half the window is read: a local service
+// taking less than half a window per tunnel timeout (512 KiB a minute
+// with the 1 MiB window of a LAN) counts as stalled. The agent holds its
+// local service to a finer bound of its own (--upstream-timeout, at each
+// write), which a stalled one meets first.
 type stallWriter struct {
 	c       net.Conn
 	timeout time.Duration

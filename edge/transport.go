@@ -478,8 +478,17 @@ type upgradedBody struct {
 	br *bufio.Reader
 }
 
-func (b *upgradedBody) Read(p []byte) (int, error)  { return b.br.Read(p) }
-func (b *upgradedBody) Write(p []byte) (int, error) { return b.x.conn.Write(p) }
+func (b *upgradedBody) Read(p []byte) (int, error) { return b.br.Read(p) }
+
+// Write gives each write the tunnel timeout afresh, as a request body's
+// (stallWriter): an agent that takes nothing of the upgraded connection
+// for that long ends it, where the copy towards it would wait on its
+// closed window for as long as the session lives, the visitor gone or not.
+func (b *upgradedBody) Write(p []byte) (int, error) {
+	b.x.conn.SetWriteDeadline(time.Now().Add(b.x.timeout))
+	return b.x.conn.Write(p)
+}
+
 func (b *upgradedBody) Close() error {
 	b.x.close()
 	return nil

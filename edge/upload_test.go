@@ -174,6 +174,43 @@ func TestUploadToAgentThatNeverReads(t *testing.T) {
 	}
 }
 
+// TestUpgradeToAgentThatNeverReads: an agent that switches protocols and
+// then reads nothing of the upgraded connection held it, and the
+// visitor's connection with it (counted against --max-conns), after the
+// visitor had gone: the edge's copy towards the agent waited on the
+// closed window for as long as the session lived. Each write towards the
+// agent gets the tunnel timeout afresh, as a request body's does; past it
+// the upgraded connection ends on both sides. About a second.
+func TestUpgradeToAgentThatNeverReads(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
+	e := tunneltest.StartEdge(t, cfg)
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	answerStreams(boundRaw(t, e, "ws"), func(st net.Conn, _ *http.Request) {
+		io.WriteString(st, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		<-hold // and read nothing more
+	})
+	c, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: ws.%s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", tunneltest.Domain)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	// The visitor sends until nothing more goes, then leaves.
+	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	io.Copy(c, tunneltest.Pattern(256<<20))
+	c.Close()
+	tunneltest.Eventually(t, 10*time.Second, "the upgraded connection to end at the edge", func() bool {
+		return scrape(t, e, "")["ngstone_streams_active"] == 0
+	})
+}
+
 // TestLargeUploadOnAgentsSpare: an agent that keeps a spare stream open
 // (the edge lists mux.FeatureSpareStream) gets a large upload on it, sent
 // at once: the edge does not wait for an acceptance the agent's own

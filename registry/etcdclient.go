@@ -426,9 +426,27 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 			}
 		}
 		if time.Since(*okSent) > lostAfter {
-			return errNotRenewed
+			return fmt.Errorf("%w: the last answered renewal was sent %v ago; lanes: %s",
+				errNotRenewed, time.Since(*okSent).Round(time.Millisecond), s.describeLanes(lanes))
 		}
 	}
+}
+
+// describeLanes says where each lane is and how long its oldest renewal
+// has gone unanswered, for the line that reports a lost lease.
+func (s *Etcd) describeLanes(lanes []*lane) string {
+	if len(lanes) == 0 {
+		return "none open"
+	}
+	var out []string
+	for _, l := range lanes {
+		d := "all answered"
+		if len(l.sent) > 0 {
+			d = fmt.Sprintf("%d unanswered, the oldest for %v", len(l.sent), time.Since(l.sent[0]).Round(time.Millisecond))
+		}
+		out = append(out, s.cfg.Endpoints[l.member]+" ("+d+")")
+	}
+	return strings.Join(out, ", ")
 }
 
 // maxLanes bounds the keep-alive streams renew keeps open.
@@ -442,6 +460,7 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 	fresh := false
 	for _, l := range lanes {
 		if l.failed || l.behind(hopeless) {
+			s.log.Debug("cluster lease lane dropped", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "unanswered", len(l.sent))
 			l.close()
 			continue
 		}
@@ -456,7 +475,9 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 		lanes[0].close() // the oldest: the longest behind
 		lanes = lanes[1:]
 	}
-	return append(lanes, s.openLane(ctx, s.nextMember(lanes), answers, wg)), true
+	l := s.openLane(ctx, s.nextMember(lanes), answers, wg)
+	s.log.Debug("cluster lease lane opened", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "lanes", len(lanes)+1)
+	return append(lanes, l), true
 }
 
 // members places streams of the store's own: a connection to each member

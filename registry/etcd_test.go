@@ -668,3 +668,86 @@ func TestEtcdStraySessionRecord(t *testing.T) {
 		t.Fatalf("sessions after the removal: %+v, %v; want the open one", got, err)
 	}
 }
+
+// TestEtcdSessionOnHungMember: one of the three paths a node has to etcd
+// hangs (open, silent), and sessions open one after another meanwhile. A
+// session record's put is retried, not hedged, so an attempt that went to
+// the hung member costs a call timeout; the next must go elsewhere. Each
+// put is given three call timeouts: the client's balancer, taking members
+// in turn for every call, put attempt after attempt on the hung member,
+// in step with the confirm rounds' reads (one put took 6.8 s of 1 s
+// attempts). Sessions are opened for a third of gRPC's keepalive, which
+// would drop the hung connection (10 s and more). About 4 s.
+func TestEtcdSessionOnHungMember(t *testing.T) {
+	prefix := etcdtest.Prefix(t)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	const callTimeout = 300 * time.Millisecond
+	a := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 10*time.Second, callTimeout, 600*time.Millisecond
+	})
+	paths[0].Block()
+	hung := time.Now()
+	var slowest time.Duration
+	for id := uint64(1); time.Since(hung) < 4*time.Second; id++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*callTimeout)
+		start := time.Now()
+		err := a.OpenSession(ctx, registry.Session{ID: id})
+		cancel()
+		if err != nil {
+			t.Fatalf("session %d, %v into the hang: %v", id, start.Sub(hung).Round(time.Millisecond), err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("the slowest session record took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
+}
+
+// TestEtcdReleaseOnHungMember: as TestEtcdSessionOnHungMember, for
+// releases, whose delete is sent once per attempt and read back: each of
+// ten is given five call timeouts. Through the client's balancer, a
+// release's read and delete and a confirm round's read took three turns,
+// so every delete went to the hung member: releases ran out their whole
+// budget (ten call timeouts) with one member of three hung. About 3 s.
+func TestEtcdReleaseOnHungMember(t *testing.T) {
+	prefix := etcdtest.Prefix(t)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	const callTimeout = 300 * time.Millisecond
+	a := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 10*time.Second, callTimeout, 600*time.Millisecond
+	})
+	var held []registry.Binding
+	for i := range 10 {
+		c := claim(instA, uint64(i+1))
+		c.Hostname = fmt.Sprintf("r%d.example.com", i)
+		res, err := openBind(t, a, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, res.Binding)
+	}
+	paths[0].Block()
+	hung := time.Now()
+	var slowest time.Duration
+	for _, b := range held {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*callTimeout)
+		start := time.Now()
+		released, err := a.Release(ctx, b.Hostname, b.SessionID, b.Generation)
+		cancel()
+		if err != nil || !released {
+			t.Fatalf("release of %s, %v into the hang: released %v, %v", b.Hostname, start.Sub(hung).Round(time.Millisecond), released, err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("the slowest release took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
+}

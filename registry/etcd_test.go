@@ -707,6 +707,44 @@ func TestEtcdSessionOnHungMember(t *testing.T) {
 	t.Logf("the slowest session record took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
 }
 
+// TestEtcdConfirmOnHungMember: one of the three paths a node has to etcd
+// hangs, not the watch's, with a route staleness below the call timeout.
+// A confirm round's read has half the staleness; one that went to the
+// hung member must be hedged within it, or every third round fails and
+// the cache goes unconfirmed for a while each time (visitors' routes are
+// then read from etcd, and wait for their own hedge). The cache must stay
+// confirmed throughout: a round that succeeds through its hedge leaves it
+// at most two rounds old. Below gRPC's keepalive, which would drop the
+// hung connection (16 s here). About 10 s.
+func TestEtcdConfirmOnHungMember(t *testing.T) {
+	prefix := etcdtest.Prefix(t)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	const staleness = time.Second
+	b := startNode(t, eps, prefix, "b", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 30*time.Second, 3*staleness, staleness
+	})
+	w := slices.Index(paths, carrier(t, paths, prefix))
+	paths[(w+1)%len(paths)].Block()
+	hung := time.Now()
+	var oldest time.Duration
+	for time.Since(hung) < 10*time.Second {
+		age := b.RouteStats().Age
+		if age > staleness {
+			t.Fatalf("%v into the hang of one path of three, b's cache has gone unconfirmed for %v (staleness %v)",
+				time.Since(hung).Round(time.Millisecond), age.Round(time.Millisecond), staleness)
+		}
+		oldest = max(oldest, age)
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("b's cache was confirmed at most %v before, throughout (staleness %v)", oldest.Round(time.Millisecond), staleness)
+}
+
 // TestEtcdReleaseOnHungMember: as TestEtcdSessionOnHungMember, for
 // releases, whose delete is sent once per attempt and read back: each of
 // ten is given five call timeouts. Through the client's balancer, a

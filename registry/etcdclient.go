@@ -163,7 +163,7 @@ func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (
 func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
 	var resp clientv3.OpResponse
 	err := s.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
+		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
 			return s.cli.Do(ctx, op)
 		})
 		return err
@@ -179,7 +179,7 @@ func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpRespo
 func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
 	var resp clientv3.OpResponse
 	err := s.once(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
+		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
 			return s.cli.Do(ctx, op)
 		})
 		return err
@@ -188,8 +188,22 @@ func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, 
 }
 
 // hedges is how many reads hedged runs at most for one answer: a second
-// one when the first has had half of its call timeout.
+// one when the first has had half of its time (hedgeAfter).
 const hedges = 2
+
+// hedgeAfter is when an attempt, whose deadline ctx carries, sends its
+// hedge: after half of the time it has, a call timeout or less. A caller
+// that allows less (a confirm round's read has half the route staleness,
+// which may be shorter than a call timeout) still gets its hedge, where
+// half a call timeout would come after its deadline: the rounds whose
+// read went to a hung member all failed.
+func (s *Etcd) hedgeAfter(ctx context.Context) time.Duration {
+	d := s.callTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	return d / 2
+}
 
 // hedged runs call, and again beside it every interval while no answer has
 // come, up to hedges at once: the client sends each to the next member, so

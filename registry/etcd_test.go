@@ -679,18 +679,8 @@ func TestEtcdStraySessionRecord(t *testing.T) {
 // attempts). Sessions are opened for a third of gRPC's keepalive, which
 // would drop the hung connection (10 s and more). About 4 s.
 func TestEtcdSessionOnHungMember(t *testing.T) {
-	prefix := etcdtest.Prefix(t)
-	var paths []*tunneltest.FaultProxy
-	var eps []string
-	for range 3 {
-		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
-		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
-		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
-	}
 	const callTimeout = 300 * time.Millisecond
-	a := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
-		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 10*time.Second, callTimeout, 600*time.Millisecond
-	})
+	a, paths, _ := threePathNode(t, 10*time.Second, callTimeout, 2*callTimeout)
 	paths[0].Block()
 	hung := time.Now()
 	var slowest time.Duration
@@ -717,18 +707,8 @@ func TestEtcdSessionOnHungMember(t *testing.T) {
 // at most two rounds old. Below gRPC's keepalive, which would drop the
 // hung connection (16 s here). About 10 s.
 func TestEtcdConfirmOnHungMember(t *testing.T) {
-	prefix := etcdtest.Prefix(t)
-	var paths []*tunneltest.FaultProxy
-	var eps []string
-	for range 3 {
-		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
-		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
-		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
-	}
 	const staleness = time.Second
-	b := startNode(t, eps, prefix, "b", registry.Hooks{}, func(c *registry.EtcdConfig) {
-		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 30*time.Second, 3*staleness, staleness
-	})
+	b, paths, prefix := threePathNode(t, 30*time.Second, 3*staleness, staleness)
 	w := slices.Index(paths, carrier(t, paths, prefix))
 	paths[(w+1)%len(paths)].Block()
 	hung := time.Now()
@@ -752,18 +732,8 @@ func TestEtcdConfirmOnHungMember(t *testing.T) {
 // so every delete went to the hung member: releases ran out their whole
 // budget (ten call timeouts) with one member of three hung. About 3 s.
 func TestEtcdReleaseOnHungMember(t *testing.T) {
-	prefix := etcdtest.Prefix(t)
-	var paths []*tunneltest.FaultProxy
-	var eps []string
-	for range 3 {
-		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
-		t.Cleanup(p.Unblock) // before the node closes, so that it revokes its lease
-		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
-	}
 	const callTimeout = 300 * time.Millisecond
-	a := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
-		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 10*time.Second, callTimeout, 600*time.Millisecond
-	})
+	a, paths, _ := threePathNode(t, 10*time.Second, callTimeout, 2*callTimeout)
 	var held []registry.Binding
 	for i := range 10 {
 		c := claim(instA, uint64(i+1))
@@ -788,4 +758,26 @@ func TestEtcdReleaseOnHungMember(t *testing.T) {
 		slowest = max(slowest, time.Since(start))
 	}
 	t.Logf("the slowest release took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
+}
+
+// threePathNode starts a node whose three members are three fault
+// proxies to the shared etcd server, for the test to hang, with the given
+// lease TTL, call timeout and route staleness; it returns the node, its
+// paths and its prefix. The paths are unblocked before the node closes,
+// so that it revokes its lease.
+func threePathNode(t *testing.T, ttl, callTimeout, staleness time.Duration) (*registry.Etcd, []*tunneltest.FaultProxy, string) {
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	prefix := etcdtest.Prefix(t)
+	s := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = ttl, callTimeout, staleness
+	})
+	for _, p := range paths {
+		t.Cleanup(p.Unblock) // after startNode's, so before the node closes
+	}
+	return s, paths, prefix
 }

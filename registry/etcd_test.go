@@ -781,3 +781,37 @@ func threePathNode(t *testing.T, ttl, callTimeout, staleness time.Duration) (*re
 	}
 	return s, paths, prefix
 }
+
+// TestEtcdRouteReadOnHungMember: the path carrying a node's watch hangs,
+// with a route staleness below half the call timeout, so that the cache
+// goes unconfirmed until the silent watch is replaced (a call timeout)
+// and Route reads each name from etcd meanwhile. A read that went first
+// to the hung member must be hedged within the staleness: hedged at half
+// the call timeout, its answer came too late to route by, and Route
+// refused every third read while two members answered at once. About 7 s.
+func TestEtcdRouteReadOnHungMember(t *testing.T) {
+	const staleness = time.Second
+	b, paths, prefix := threePathNode(t, 50*time.Second, 5*staleness, staleness)
+	paths[slices.Index(paths, carrier(t, paths, prefix))].Block()
+	hung := time.Now()
+	// A change the watch cannot deliver: without one, the cache is as
+	// current as etcd, hung watch or not.
+	if _, err := etcdtest.Client(t).Put(context.Background(), prefix+"change", "x"); err != nil {
+		t.Fatal(err)
+	}
+	reads := func() uint64 { return b.RouteStats().Reread }
+	for i, before, stale := 0, reads(), false; !stale || b.RouteStats().Age >= staleness; i++ {
+		if time.Since(hung) > 10*time.Second {
+			t.Fatalf("the cache was not confirmed again within 10s of its watch's path hanging (read %d names)", reads()-before)
+		}
+		// A name of its own each time: one read since the cache went
+		// unconfirmed would be fresh enough for the staleness.
+		_, _, err := b.Route(context.Background(), fmt.Sprintf("n%d.example.com", i))
+		if err != nil {
+			t.Fatalf("%v into the hang of the watch's path, Route refused with two members of three answering: %v",
+				time.Since(hung).Round(time.Millisecond), err)
+		}
+		stale = stale || reads() > before
+	}
+	t.Logf("Route read %d names from etcd while the cache was unconfirmed, all in time; confirmed again %v after the hang", b.RouteStats().Reread, time.Since(hung).Round(time.Millisecond))
+}

@@ -382,17 +382,8 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 // user's password, and a wrong password stops Start with etcd's reason.
 func TestEtcdAuth(t *testing.T) {
 	endpoints := etcdtest.StartSeparate(t)
-	admin := etcdtest.ClientAt(t, endpoints...)
+	enableAuth(t, endpoints)
 	ctx := context.Background()
-	for _, step := range []func() error{
-		func() error { _, err := admin.UserAdd(ctx, "root", "rootpw"); return err },
-		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
-		func() error { _, err := admin.AuthEnable(ctx); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatalf("enable auth: %v", err)
-		}
-	}
 	good := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Username: "root", Password: "rootpw", Node: "a", LeaseTTL: time.Second})
 	if err := good.Start(ctx, "a:7443", registry.Hooks{}); err != nil {
 		t.Fatalf("start with the right password: %v", err)
@@ -409,6 +400,22 @@ func TestEtcdAuth(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "authentication failed") {
 		t.Fatalf("wrong password: %v; want etcd's reason", err)
+	}
+}
+
+// enableAuth turns auth on in the etcd at endpoints, with user root,
+// password rootpw.
+func enableAuth(t *testing.T, endpoints []string) {
+	admin := etcdtest.ClientAt(t, endpoints...)
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("enable auth: %v", err)
+		}
 	}
 }
 
@@ -814,4 +821,51 @@ func TestEtcdRouteReadOnHungMember(t *testing.T) {
 		stale = stale || reads() > before
 	}
 	t.Logf("Route read %d names from etcd while the cache was unconfirmed, all in time; confirmed again %v after the hang", b.RouteStats().Reread, time.Since(hung).Round(time.Millisecond))
+}
+
+// TestEtcdLeaseOnSlowMembers: every path a node has to an etcd with auth
+// on turns slow: each call takes 500 ms, more than the call timeout (300
+// ms) and a quarter of how long the lease may go unrenewed (2 s), as an
+// etcd overloaded, or a node starved, would answer. Renewals are answered
+// late, so the node opens more keep-alive lanes, and each fails, a call
+// timeout after it began: opening a stream fetches an auth token, a call.
+// The lease must hold, as every renewal is answered. When a lane's opening
+// blocked the renewing loop, the slow lane's answers waited behind it,
+// fewer were taken than sent, and the lease was declared lost (seen in
+// AuthChange under six CPU hogs, on all three edges). About 7 s.
+func TestEtcdLeaseOnSlowMembers(t *testing.T) {
+	endpoints := etcdtest.StartSeparate(t)
+	enableAuth(t, endpoints)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(endpoints[0], "http://"))
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	var h hookLog
+	a := startNode(t, eps, etcdtest.Prefix(t), "a", h.hooks(), func(c *registry.EtcdConfig) {
+		c.Username, c.Password = "root", "rootpw"
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 3*time.Second, 300*time.Millisecond, 600*time.Millisecond
+	})
+	// The node's lane has fetched its token once its connection is up:
+	// one link a path for the client's balancer, one for the watch, one
+	// for the lane.
+	eventually(t, "the node's watch and keep-alive lane to connect", func() bool {
+		n := 0
+		for _, p := range paths {
+			n += p.Links()
+		}
+		return n >= 5
+	})
+	for _, p := range paths {
+		p.Slow(250 * time.Millisecond)
+		t.Cleanup(func() { p.Slow(0) }) // before the node closes, so that it revokes its lease
+	}
+	slow := time.Now()
+	for time.Since(slow) < 6*time.Second {
+		if lost := h.count(func(h *hookLog) int { return h.lost }); lost != 0 || !a.Ready() {
+			t.Fatalf("%v into every path's slowness, the node lost its lease (%d times)", time.Since(slow).Round(time.Millisecond), lost)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -463,6 +463,10 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 		case <-ctx.Done():
 			return ctx.Err()
 		case a := <-answers:
+			if a.st != nil {
+				a.lane.opened(a.st, lease)
+				break
+			}
 			sent, err := a.lane.answered(a)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				return err
@@ -496,7 +500,12 @@ func (s *Etcd) describeLanes(lanes []*lane) string {
 	var out []string
 	for _, l := range lanes {
 		d := "all answered"
-		if len(l.sent) > 0 {
+		switch {
+		case l.failed:
+			d = "failed"
+		case l.st == nil:
+			d = fmt.Sprintf("opening for %v", time.Since(l.sent[0]).Round(time.Millisecond))
+		case len(l.sent) > 0:
 			d = fmt.Sprintf("%d unanswered, the oldest for %v", len(l.sent), time.Since(l.sent[0]).Round(time.Millisecond))
 		}
 		out = append(out, s.cfg.Endpoints[l.member]+" ("+d+")")
@@ -527,12 +536,34 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 		return lanes, false
 	}
 	if len(lanes) == maxLanes {
-		lanes[0].close() // the oldest: the longest behind
-		lanes = lanes[1:]
+		i := longestBehind(lanes)
+		lanes[i].close()
+		lanes = slices.Delete(lanes, i, i+1)
 	}
 	l := s.openLane(ctx, s.nextMember(lanes), answers, wg)
 	s.log.Debug("cluster lease lane opened", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "lanes", len(lanes)+1)
 	return append(lanes, l), true
+}
+
+// longestBehind returns the index of the lane to give up for a new one:
+// of those that have not answered yet, if any, else of all, the one whose
+// oldest unanswered request (or opening) is the oldest; each of lanes has
+// one. Not the lane opened first, nor one merely longer behind than a
+// lane still opening: that may be the only one answering, late.
+func longestBehind(lanes []*lane) int {
+	worse := func(a, b *lane) bool {
+		if a.heard != b.heard {
+			return !a.heard
+		}
+		return a.sent[0].Before(b.sent[0])
+	}
+	i := 0
+	for j, l := range lanes {
+		if worse(l, lanes[i]) {
+			i = j
+		}
+	}
+	return i
 }
 
 // members places streams of the store's own: a connection to each member
@@ -597,58 +628,80 @@ func (s *Etcd) closeMembers() {
 
 // lane is one keep-alive stream and the send times of its unanswered
 // requests, oldest first (etcd answers a stream's requests in order).
+// Only renew's loop touches a lane.
 type lane struct {
-	member int // its index in EtcdConfig.Endpoints
-	st     pb.Lease_LeaseKeepAliveClient
+	member int                           // its index in EtcdConfig.Endpoints
+	st     pb.Lease_LeaseKeepAliveClient // nil while it opens
 	cancel context.CancelFunc
+	gone   chan struct{} // closed by close: its goroutine delivers nothing more
+	closed bool
 	sent   []time.Time
+	heard  bool // it has answered a renewal
 	failed bool
 }
 
-// answer is what a lane's stream delivered.
+// answer is what a lane's stream delivered: its opening (st, or err) or
+// an answer.
 type answer struct {
 	lane *lane
+	st   pb.Lease_LeaseKeepAliveClient
 	resp *pb.LeaseKeepAliveResponse
 	err  error
 }
 
-// openLane opens a keep-alive stream on member m; a lane that could not
-// open is failed at once, and replaced on the next turn.
+// openLane opens a keep-alive stream on member m in the background: the
+// lane counts its first request as sent now, and sends it once the stream
+// has opened (opened). Opening may fetch an auth token, a call that a hung
+// member would hold, and waits for the member's connection: bounded by a
+// call timeout, after which the lane fails. It does not hold renew's loop:
+// a loop held by each opening in turn took the answers of its one slow
+// lane more slowly than it sent their requests, and declared its lease
+// lost though every renewal was answered.
 func (s *Etcd) openLane(ctx context.Context, m int, answers chan<- answer, wg *sync.WaitGroup) *lane {
 	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	l := &lane{member: m, cancel: cancel}
+	l := &lane{member: m, cancel: cancel, gone: make(chan struct{}), sent: []time.Time{time.Now()}}
 	conn, err := s.memberConn(&s.members, m)
 	if err != nil {
 		cancel()
 		l.failed = true
 		return l
 	}
-	// Opening may fetch an auth token, a call that a hung member would
-	// hold, and waits for the member's connection: bounded too.
-	opening := time.AfterFunc(s.callTimeout, cancel)
-	st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
-	if !opening.Stop() || err != nil {
-		cancel()
-		l.failed = true
-		return l
-	}
-	l.st = st
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
+		opening := time.AfterFunc(s.callTimeout, cancel)
+		st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
+		if !opening.Stop() && err == nil {
+			err = fmt.Errorf("%w: opening a keep-alive stream", errStalled)
+		}
+		if !l.deliver(answers, answer{lane: l, st: st, err: err}) || err != nil {
+			return
+		}
 		for {
 			r, err := st.Recv()
-			select {
-			case answers <- answer{l, r, rpctypes.Error(err)}:
-			case <-lctx.Done():
-				return
-			}
-			if err != nil {
+			if !l.deliver(answers, answer{lane: l, resp: r, err: rpctypes.Error(err)}) || err != nil {
 				return
 			}
 		}
-	}()
+	})
 	return l
+}
+
+// deliver hands a to renew's loop, unless the lane was closed.
+func (l *lane) deliver(answers chan<- answer, a answer) bool {
+	select {
+	case answers <- a:
+		return true
+	case <-l.gone:
+		return false
+	}
+}
+
+// opened takes the lane's stream and sends the request counted when the
+// lane was opened.
+func (l *lane) opened(st pb.Lease_LeaseKeepAliveClient, lease clientv3.LeaseID) {
+	l.st = st
+	if err := st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
+		l.failed = true
+	}
 }
 
 // behind reports a request of the lane unanswered for longer than d.
@@ -657,7 +710,7 @@ func (l *lane) behind(d time.Duration) bool {
 }
 
 func (l *lane) send(lease clientv3.LeaseID, now time.Time) {
-	if l.failed {
+	if l.failed || l.st == nil { // an opening lane sends its request when open
 		return
 	}
 	if err := l.st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
@@ -680,11 +733,17 @@ func (l *lane) answered(a answer) (time.Time, error) {
 		return time.Time{}, rpctypes.ErrLeaseNotFound
 	}
 	sent := l.sent[0]
-	l.sent = l.sent[1:]
+	l.sent, l.heard = l.sent[1:], true
 	return sent, nil
 }
 
-func (l *lane) close() { l.cancel() }
+func (l *lane) close() {
+	l.cancel()
+	if !l.closed {
+		l.closed = true
+		close(l.gone)
+	}
+}
 
 func (s *Etcd) lost(err error) {
 	s.mu.Lock()

@@ -60,6 +60,16 @@ func (e *evictedError) Error() string {
 }
 func (e *evictedError) Unwrap() error { return ErrEvicted }
 
+// EvictedBy is what the edge said, in the eviction err reports, of the
+// agent that holds the name now; nothing for any other error.
+func EvictedBy(err error) mux.Holder {
+	var ee *evictedError
+	if errors.As(err, &ee) {
+		return ee.by
+	}
+	return mux.Holder{}
+}
+
 // RefusedError is the edge's final refusal of a hello or bind.
 type RefusedError struct {
 	Code    string // a DESIGN.md code: subdomain_taken, invalid_name, reserved_name, unauthorized…

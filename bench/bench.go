@@ -411,31 +411,42 @@ func (b *bench) transfers() error {
 			if err != nil {
 				return err
 			}
+			name := fmt.Sprintf("%s %s %d MiB", strings.ToUpper(scheme), dir.name, b.o.size>>20)
+			// CPU is steadier than throughput on a shared machine.
+			gib := float64(b.o.xfers) * float64(b.o.size) / (1 << 30)
 			e0, a0 := b.edge.cpu(), b.agent.cpu()
-			tunnel, err := rate(b.tunnel(scheme, mainSub))
+			var tunnel float64
+			kinds, err := b.measureKinds("edge / agent", name, gib, []*proc{b.edge, b.agent}, func() (err error) {
+				tunnel, err = rate(b.tunnel(scheme, mainSub))
+				return err
+			})
 			if err != nil {
 				return err
 			}
 			ratio := tunnel / direct
-			name := fmt.Sprintf("%s %s %d MiB", strings.ToUpper(scheme), dir.name, b.o.size>>20)
 			b.add(row{name: name, direct: mibps(direct), tunnel: mibps(tunnel),
 				ratio: pct(ratio), target: fmt.Sprintf("≥ %.0f%%", 100*dir.target), verdict: verdict(ratio >= dir.target)})
-			// CPU is steadier than throughput on a shared machine.
-			gib := float64(b.o.xfers) * float64(b.o.size) / (1 << 30)
 			b.add(row{name: "edge / agent CPU per GiB, " + name,
 				tunnel: fmt.Sprintf("%.2f / %.2f s", (b.edge.cpu()-e0).Seconds()/gib, (b.agent.cpu()-a0).Seconds()/gib)})
+			kinds()
 			for _, p := range b.peers {
 				pt, ok := p.targets[scheme]
 				if !ok {
 					continue
 				}
 				cpu0 := p.cpu()
-				r, err := rate(pt)
+				var r float64
+				procs := p.schemeProcs(scheme)
+				kinds, err := b.measureKinds(p.name+": "+procNames(procs), name, gib, procs, func() (err error) {
+					r, err = rate(pt)
+					return err
+				})
 				if err != nil {
 					return fmt.Errorf("%s: %w", p.name, err)
 				}
 				b.add(row{name: p.name + ": " + name, direct: mibps(direct), tunnel: mibps(r), ratio: pct(r / direct)})
 				b.add(row{name: p.name + ": CPU per GiB, all its processes, " + name, tunnel: fmt.Sprintf("%.2f s", (p.cpu()-cpu0).Seconds()/gib)})
+				kinds()
 			}
 		}
 	}

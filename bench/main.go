@@ -52,6 +52,7 @@ type options struct {
 	floor      bool
 	muxFloor   bool
 	contention bool
+	cpuKinds   bool
 	wrk        string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
 	wrkT       int    // wrk's threads
 
@@ -135,6 +136,7 @@ func parseFlags() options {
 	flag.DurationVar(&o.blackhole, "blackhole", 30*time.Second, "WAN: length of each black-hole of the link")
 	flag.IntVar(&o.blackholes, "blackholes", 5, "WAN: black-holes per tunnel (median)")
 	flag.StringVar(&o.outageProfile, "outageprofile", "50ms", "WAN: the link the outage phase runs over")
+	flag.BoolVar(&o.cpuKinds, "cpukinds", false, "for each transfer, also split the CPU per GiB of the edge and agent (and of each peer's processes) by kind: crypto, copies, switches, the kernel's TCP, the rest (samples taken with perf, which must be on PATH)")
 	flag.BoolVar(&o.contention, "contention", false, "with -profile: also write mutex and block profiles of the edge and agent (DIR/ROLE-mutex.pprof, -block.pprof); their sampling costs CPU")
 	flag.StringVar(&o.wrk, "wrk", "", "send the plain HTTP small GETs with this wrk binary (e.g. wrk, from PATH) instead of the bench's own Go visitors, which share the cores with what they measure")
 	flag.IntVar(&o.wrkT, "wrkthreads", 1, "wrk's threads with -wrk")
@@ -169,6 +171,12 @@ func parseFlags() options {
 	}
 	if o.profile != "" {
 		o.self = true
+	}
+	if o.cpuKinds {
+		if err := checkPerf(); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(2)
+		}
 	}
 	o.wanSize = int64(*wanSize) << 20
 	o.wanPhases = map[string]bool{}

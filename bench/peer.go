@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -32,6 +33,31 @@ func (p *peer) stop() {
 	for _, pr := range p.procs {
 		pr.stop()
 	}
+}
+
+// schemeProcs is the peer's processes that carry scheme's visitors: those
+// whose name has it as a word ("mux edge http", "relay http 1"), or all of
+// them.
+func (p *peer) schemeProcs(scheme string) []*proc {
+	var ps []*proc
+	for _, pr := range p.procs {
+		if slices.Contains(strings.Fields(pr.name), scheme) {
+			ps = append(ps, pr)
+		}
+	}
+	if len(ps) == 0 {
+		return p.procs
+	}
+	return ps
+}
+
+// procNames names procs as "a / b".
+func procNames(procs []*proc) string {
+	var names []string
+	for _, p := range procs {
+		names = append(names, p.name)
+	}
+	return strings.Join(names, " / ")
 }
 
 // cpu is the CPU time of all the peer's processes.

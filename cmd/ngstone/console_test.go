@@ -225,8 +225,13 @@ func TestConsoleOffATerminal(t *testing.T) {
 	}
 	logs := a.stderrText()
 	// The evicted line names the agent that took the name over.
-	if taker := edgeBindings(t, "127.0.0.1:"+e.ports[2])["live"]["instance_id"]; !regexp.MustCompile(`"msg":"evicted".*"by":"another agent \(instance ` + fmt.Sprint(taker) + `\)"`).MatchString(logs) {
+	taker := edgeBindings(t, "127.0.0.1:"+e.ports[2])["live"]["instance_id"]
+	if !regexp.MustCompile(`"msg":"evicted".*"by":"another agent \(instance ` + fmt.Sprint(taker) + `\)"`).MatchString(logs) {
 		t.Errorf("the evicted line does not name %v:\n%s", taker, logs)
+	}
+	// So does the last sentence, after the log.
+	if last := regexp.MustCompile(`(?m)^ngstone: another agent \(instance ` + fmt.Sprint(taker) + `\) took over this tunnel's name while this one was unreachable; it no longer serves it$`); !last.MatchString(logs) {
+		t.Errorf("the last sentence does not name %v:\n%s", taker, logs)
 	}
 	var states []string
 	attempts := 0

@@ -154,7 +154,7 @@ func exitFor(err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, agent.ErrEvicted):
-		return withCode(exitEvicted, errors.New("another agent took over this tunnel's name while this one was unreachable; it no longer serves it"))
+		return withCode(exitEvicted, errors.New(takenBy(agent.EvictedBy(err))+" took over this tunnel's name while this one was unreachable; it no longer serves it"))
 	case errors.As(err, &re):
 		return withCode(exitRefused, fmt.Errorf("the edge refused the tunnel: %s: %s", re.Code, re.Message))
 	}

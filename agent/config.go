@@ -108,7 +108,8 @@ type Tunnel struct {
 	RequestHeaderAdd, RequestHeaderRemove   []string
 	ResponseHeaderAdd, ResponseHeaderRemove []string
 	// UpstreamTimeout bounds the wait for the local service's response
-	// headers (504 upstream_timeout). Zero means 30s.
+	// headers, and for it to take any of a request body (504
+	// upstream_timeout). Zero means 30s.
 	UpstreamTimeout time.Duration
 	// UpstreamDialTimeout bounds a connection to the local service
 	// (502 upstream_unreachable). Zero means 5s.

@@ -32,7 +32,7 @@ func parseHeaderRules(c Tunnel) (*headerRules, error) {
 		case !httpguts.ValidHeaderFieldName(k):
 			return "", fmt.Errorf("%s %q: not a header field name", flag, name)
 		case mux.ForwardingField(k):
-			return "", fmt.Errorf("%s %s: the edge sets the fields about the visitor (X-Forwarded-*, Forwarded, X-Real-Ip) and its own (Ngstone-*); no rule may change them", flag, k)
+			return "", fmt.Errorf("%s %s: the edge sets or drops the fields about the visitor (X-Forwarded-*, Forwarded, X-Real-Ip) and its own (Ngstone-*); no rule may change them", flag, k)
 		case framingFields[k]:
 			return "", fmt.Errorf("%s %s: a field of the message's framing; no rule may change it", flag, k)
 		}

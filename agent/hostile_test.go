@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -214,6 +215,65 @@ func TestSlowUploads(t *testing.T) {
 				t.Fatalf("%d %s %q, want 200 and the %d bytes counted", resp.StatusCode, resp.Header.Get(mux.ErrorHeader), body, tc.size)
 			}
 		})
+	}
+}
+
+// TestLocalServiceThatNeverReadsTheBody: a local service that reads a
+// request's head, then neither reads its body nor answers, would hold the
+// agent's exchange (its goroutines, the stream, the connection) and the
+// visitor for as long as it liked: the upstream timeout counts from the
+// end of the body, which never comes. The agent gives each write to the
+// local service the upstream timeout afresh, so the visitor gets 504
+// upstream_timeout once nothing of the body went for that long (the edge's
+// own timeout for that is longer here), and the agent closes the
+// connection. About a second: a 32 MiB upload fills the buffers on the way.
+func TestLocalServiceThatNeverReadsTheBody(t *testing.T) {
+	answered := make(chan struct{})
+	closed := make(chan error, 1)
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		select { // read nothing more until the visitor has its answer
+		case <-answered:
+		case <-time.After(20 * time.Second):
+		}
+		// Then drain: the agent's close ends it, a held exchange does not.
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		_, err := io.Copy(io.Discard, c)
+		closed <- err
+	})
+	ecfg := tunneltest.EdgeConfig(t)
+	ecfg.TunnelTimeout = time.Minute
+	e := tunneltest.StartEdge(t, ecfg)
+	cfg := e.AgentConfig("", local)
+	cfg.Subdomain = "deaf"
+	cfg.UpstreamTimeout = 300 * time.Millisecond
+	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	// By hand: net/http's client reports its failed write, not the
+	// answer that came before it.
+	vc, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vc.Close()
+	go func() {
+		fmt.Fprintf(vc, "POST /upload HTTP/1.1\r\nHost: deaf.%s\r\nContent-Length: %d\r\n\r\n", tunneltest.Domain, 32<<20)
+		io.Copy(vc, tunneltest.Pattern(32<<20))
+	}()
+	vc.SetReadDeadline(time.Now().Add(15 * time.Second))
+	start := time.Now()
+	resp, err := http.ReadResponse(bufio.NewReader(vc), nil)
+	close(answered)
+	if err != nil {
+		t.Fatalf("an upload the local service never reads, after %s: %v", time.Since(start), err)
+	}
+	if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeUpstreamTimeout {
+		t.Fatalf("an upload the local service never reads: %d %q, want 504 %s", resp.StatusCode, code, mux.CodeUpstreamTimeout)
+	}
+	var ne net.Error
+	if err := <-closed; errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("the agent still holds the connection to the local service after the visitor's answer: %v", err)
 	}
 }
 

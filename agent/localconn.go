@@ -7,6 +7,7 @@ import (
 	"net/http/httptrace"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // A pooled connection to the local service is reused only when it is
@@ -71,9 +72,17 @@ func (c *watchedConn) poison() {
 	}
 }
 
+// Write gives each write the upstream timeout afresh: a local service
+// that takes nothing of a request body for that long (it reads none of it,
+// and does not answer) fails the request with upstream_timeout, where the
+// response timeout, counted from the body's end, would never start. A slow
+// reader is not cut, only a stalled one.
 func (c *watchedConn) Write(p []byte) (int, error) {
 	if c.poisoned.Load() {
 		return 0, errStrayBytes
+	}
+	if d := c.t.cfg.UpstreamTimeout; d > 0 {
+		c.Conn.SetWriteDeadline(time.Now().Add(d))
 	}
 	return c.Conn.Write(p)
 }

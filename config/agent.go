@@ -30,7 +30,7 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("ca-file", "", "PEM file of the CA to trust for the edge (the edge's DATA_DIR/ca.pem in self-signed mode)")
 	fs.String("server-name", "", "name the edge's certificate must match, when --edge is an address (default: the host of --edge)")
 	fs.Bool("insecure", false, "do not verify the edge's certificate")
-	fs.Duration("upstream-timeout", d.UpstreamTimeout, "how long the local service may take to send response headers (504 upstream_timeout)")
+	fs.Duration("upstream-timeout", d.UpstreamTimeout, "how long the local service may take to send response headers, or to take any of a request body (504 upstream_timeout)")
 	fs.String("upstream-ca-file", "", "PEM file of the CA to trust for an https:// local service's certificate (default: the system's roots)")
 	fs.Bool("upstream-insecure", false, "do not verify an https:// local service's certificate (a development server's self-signed one)")
 	fs.String("upstream-protocol", agent.ProtocolHTTP1, "what to speak to the local service: http1, or http2 (h2c to http://, h2 to https://; for gRPC servers)")

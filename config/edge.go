@@ -33,7 +33,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.StringSlice("reserved-names", d.ReservedNames, "subdomains no agent may bind")
 	fs.Duration("drain-timeout", d.DrainTimeout, "how long an evicted session may finish accepted requests (0 closes at once)")
 	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "a session with no heartbeat for this long is dead")
-	fs.Duration("tunnel-timeout", d.TunnelTimeout, "how long to wait for an agent's response headers, and for it to accept the stream of an upload over 256 KiB (504 tunnel_timeout)")
+	fs.Duration("tunnel-timeout", d.TunnelTimeout, "how long to wait for an agent's response headers, for it to accept the stream of an upload over 256 KiB, and for it to take any of a request body (504 tunnel_timeout)")
 	fs.Duration("hello-timeout", d.HelloTimeout, "how long an agent has from connect to hello")
 	fs.Duration("shutdown-grace", d.ShutdownGrace, "how long a graceful shutdown waits for in-flight requests")
 	fs.String("acme-ca", "", "ACME directory URL (certmagic, autocert; default Let's Encrypt production: try a staging directory first)")

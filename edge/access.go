@@ -46,7 +46,10 @@ func (a *visitorAccess) allows(ip netip.Addr) bool {
 	if a == nil {
 		return true
 	}
-	ip = ip.Unmap()
+	// Judged by the address alone: netip matches no prefix for an
+	// IPv4-mapped form or a zoned (link-local) one, which would let such
+	// a visitor past a deny prefix.
+	ip = ip.Unmap().WithZone("")
 	for _, p := range a.deny {
 		if p.Contains(ip) {
 			return false

@@ -95,7 +95,8 @@ type Config struct {
 	// for this long is dead. Zero means 45s.
 	HeartbeatTimeout time.Duration
 	// TunnelTimeout bounds how long the edge waits for an agent's response
-	// headers (504 tunnel_timeout). Zero means 60s.
+	// headers, and for it to take any of a request body (504
+	// tunnel_timeout). Zero means 60s.
 	TunnelTimeout time.Duration
 	// HelloTimeout bounds the time from a control connection's accept to a
 	// valid hello, TLS handshake included. Zero means 10s.

@@ -232,6 +232,8 @@ func crossCases() []crossCase {
 			}},
 		{name: "space in path", h2: append(h2Req("space in path")[:3:3], [2]string{":path", "/a b"}, [2]string{"x-case", "space in path"}),
 			want: answer{status: 400, code: mux.CodeBadRequest}},
+		{name: "method not a token", h2: append([][2]string{{":method", "GET /secret"}}, h2Req("method not a token")[1:]...),
+			want: answer{status: 400, code: mux.CodeBadRequest}},
 		{name: "control byte in path", h1: "GET /a\x7fb HTTP/1.1\r\nHost: " + tunnelHost + "\r\nX-Case: %s\r\n\r\n", want: answer{status: 400, code: mux.CodeBadRequest}},
 		{name: "headers too large", h1: "GET / HTTP/1.1\r\nHost: " + tunnelHost + "\r\nX-Case: %s\r\nX-Big: " + strings.Repeat("x", 70<<10) + "\r\n\r\n",
 			want: answer{status: 431, code: mux.CodeHeadersTooLarge}},

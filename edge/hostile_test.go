@@ -2,6 +2,7 @@ package edge_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
@@ -12,9 +13,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
@@ -528,28 +533,13 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 	for _, session := range []bool{false, true} {
 		for _, h2 := range []bool{false, true} {
 			name := fmt.Sprintf("cut-%v-%v", session, h2)
-			r, _ := e.DialRaw(t, hello(""))
-			if m, ok := r.Bind(t, &mux.Bind{Subdomain: name}).(*mux.BindOK); !ok {
-				t.Fatalf("bind %s: %v", name, m)
-			}
-			go func() {
-				for {
-					st, err := r.YS.AcceptStream()
-					if err != nil {
-						return
-					}
-					go func() {
-						defer st.Close()
-						if _, err := http.ReadRequest(bufio.NewReader(st)); err != nil {
-							return
-						}
-						io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Local: broken\r\n\r\n")
-						if session {
-							r.YS.Close() // the head is ahead of the session's end in the connection
-						}
-					}()
+			r := boundRaw(t, e, name)
+			answerStreams(r, func(st net.Conn, _ *http.Request) {
+				io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 100\r\nX-Local: broken\r\n\r\n")
+				if session {
+					r.YS.Close() // the head is ahead of the session's end in the connection
 				}
-			}()
+			})
 			c := e.Client()
 			if !h2 {
 				http1Only(c)
@@ -573,6 +563,171 @@ func TestResponseBrokenOffBeforeBody(t *testing.T) {
 			c.CloseIdleConnections()
 		}
 	}
+}
+
+// TestAgentStatusNotHTTPs: an agent whose status line names no HTTP status
+// (net/http reads any three digits: 000, 099 and +20 as below 100, 600,
+// 999), or switches protocols for a request that asked for no upgrade,
+// gets its visitor 502 bad_response, over HTTP/1.1 and HTTP/2, and the
+// visitor's connection serves on. A status under 100 was passed on as an
+// informational response, which net/http's server refuses with a panic:
+// the visitor's connection (or HTTP/2 stream) was cut with no answer.
+func TestAgentStatusNotHTTPs(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	r := boundRaw(t, e, "status")
+	final := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+	replies := map[string]string{
+		"/000":     "HTTP/1.1 000 X\r\nContent-Length: 0\r\n\r\n",
+		"/099":     "HTTP/1.1 099 X\r\n\r\n" + final,
+		"/plus20":  "HTTP/1.1 +20 X\r\n\r\n" + final,
+		"/600":     "HTTP/1.1 600 X\r\nContent-Length: 0\r\n\r\n",
+		"/999":     "HTTP/1.1 999 X\r\nContent-Length: 0\r\n\r\n",
+		"/unasked": "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: x\r\n\r\n",
+		"/ok":      final,
+	}
+	answerStreams(r, func(st net.Conn, req *http.Request) { io.WriteString(st, replies[req.URL.Path]) })
+	for _, h2 := range []bool{false, true} {
+		c := e.Client()
+		if !h2 {
+			http1Only(c)
+		}
+		for path := range replies {
+			for _, p := range []string{path, "/ok"} { // and the connection serves on
+				resp, err := c.Get(tunneltest.URL("https", "status", p))
+				if err != nil {
+					t.Fatalf("h2 %v, %s after %s: %v", h2, p, path, err)
+				}
+				resp.Body.Close()
+				status, code := resp.StatusCode, resp.Header.Get(mux.ErrorHeader)
+				if p == "/ok" && status != http.StatusOK || p != "/ok" && (status != http.StatusBadGateway || code != mux.CodeBadResponse) {
+					t.Errorf("h2 %v, %s after %s: %d %q, want 502 %s (200 for /ok)", h2, p, path, status, code, mux.CodeBadResponse)
+				}
+			}
+		}
+		c.CloseIdleConnections()
+	}
+}
+
+// TestRapidResetVisitor: an HTTP/2 visitor that opens streams and resets
+// each at once (RFC 9113's cancel; the rapid reset attack), for requests
+// without a body, with one of unknown length and with one larger than a
+// stream's first window, cancels requests at every point of their way
+// through the edge, before an exchange is set up as well as after. The
+// edge serves on, and nothing is left: no stream in flight, no goroutine
+// of its own.
+// A request whose visitor had left before its exchange started had the
+// exchange's end run (on the context's goroutine) while the exchange was
+// still being set up: a data race, and a nil function called, which would
+// end the process, had that goroutine won it. About a second.
+func TestRapidResetVisitor(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(local.Close)
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "app"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	before := edgeGoroutines()
+	for _, kind := range []string{"get", "chunked", "large"} {
+		c, err := tls.Dial("tcp", e.Addr("https").String(), &tls.Config{RootCAs: e.Roots, ServerName: tunnelHost, NextProtos: []string{"h2"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		io.WriteString(c, http2.ClientPreface)
+		fr := http2.NewFramer(c, c)
+		fr.WriteSettings()
+		go func() { // the edge's frames, read and dropped
+			for {
+				if _, err := fr.ReadFrame(); err != nil {
+					return
+				}
+			}
+		}()
+		fields := h2Req("reset")
+		switch kind {
+		case "chunked":
+			fields = append([][2]string{{":method", "POST"}}, fields[1:]...)
+		case "large":
+			fields = append([][2]string{{":method", "POST"}, {"content-length", strconv.Itoa(4 * mux.InitialWindow)}}, fields[1:]...)
+		}
+		var block bytes.Buffer
+		enc := hpack.NewEncoder(&block)
+		for _, f := range fields {
+			enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		for i := range 1000 {
+			id := uint32(2*i + 1)
+			err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block.Bytes(), EndStream: kind == "get", EndHeaders: true})
+			if err == nil && kind != "get" {
+				err = fr.WriteData(id, false, make([]byte, 1000))
+			}
+			if err == nil {
+				err = fr.WriteRSTStream(id, http2.ErrCodeCancel)
+			}
+			if err != nil {
+				t.Fatalf("%s: stream %d: %v", kind, id, err)
+			}
+		}
+		c.Close()
+	}
+	tunneltest.Eventually(t, 10*time.Second, "no stream in flight", func() bool {
+		return scrape(t, e, "")["ngstone_streams_active"] == 0
+	})
+	c := e.Client()
+	if code, _ := visitorStatus(t, c, mustReq(tunneltest.URL("https", "app", "/"))); code != http.StatusOK {
+		t.Fatalf("after the resets: %d", code)
+	}
+	c.CloseIdleConnections()
+	tunneltest.Eventually(t, 10*time.Second, "the edge's goroutines of the visitors gone", func() bool {
+		return edgeGoroutines() <= before
+	})
+}
+
+// edgeGoroutines counts the goroutines running the edge's code (those of
+// the local service and the clients' idle connections left aside).
+func edgeGoroutines() int {
+	n := 0
+	for g := range strings.SplitSeq(tunneltest.Stacks(), "\n\n") {
+		if strings.Contains(g, "ngstone/ngstone/edge.") {
+			n++
+		}
+	}
+	return n
+}
+
+// boundRaw is a raw agent session of the open edge e holding sub.
+func boundRaw(t *testing.T, e *tunneltest.Edge, sub string) *tunneltest.RawSession {
+	t.Helper()
+	r, m := e.DialRaw(t, hello(""))
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
+	}
+	if m, ok := r.Bind(t, &mux.Bind{Subdomain: sub}).(*mux.BindOK); !ok {
+		t.Fatalf("bind %s: %v", sub, m)
+	}
+	return r
+}
+
+// answerStreams has answer write the response to each request the edge
+// sends r, until r's session ends.
+func answerStreams(r *tunneltest.RawSession, answer func(st net.Conn, req *http.Request)) {
+	go func() {
+		for {
+			st, err := r.YS.AcceptStream()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer st.Close()
+				if req, err := http.ReadRequest(bufio.NewReader(st)); err == nil {
+					answer(st, req)
+				}
+			}()
+		}
+	}()
 }
 
 // http1Only makes c, one of tunneltest.Edge's clients, speak HTTP/1.1 only.

@@ -11,6 +11,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -91,9 +93,9 @@ func (e *Edge) visitorHandler() http.Handler {
 // checkVisitor applies the edge's rules for what a visitor may send, before
 // anything is looked up: the Host must be a name under the domain (over
 // HTTPS, the one the connection was made for), and the request an origin
-// request of visible characters. Whether a tunnel is bound to the host (a
-// name under the domain, or a hostname of an agent's own) the registry
-// says next. It returns the normalized host, and a visitor error code when
+// request of visible characters, its method a token. Whether a tunnel is
+// bound to the host (a name under the domain, or a hostname of an agent's
+// own) the registry says next. It returns the normalized host, and a visitor error code when
 // the request is refused.
 func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 	host, err := NormalizeHost(r.Host)
@@ -105,6 +107,12 @@ func (e *Edge) checkVisitor(r *http.Request) (string, string) {
 		// be a forward proxy.
 		return host, mux.CodeMethodNotAllowed
 	case !visibleASCII(r.RequestURI):
+		return host, mux.CodeBadRequest
+	case !httpguts.ValidHeaderFieldName(r.Method):
+		// A method that is not a token (RFC 9110, 9.1): net/http's
+		// HTTP/2 server lets any :method through, and written on an
+		// HTTP/1.1 request line one with a space reads as another
+		// request line at the agent.
 		return host, mux.CodeBadRequest
 	case r.ProtoMajor == 2 && !allEqualFold(r.Header["Host"], r.Host):
 		// An HTTP/2 host field naming another host than :authority

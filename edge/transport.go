@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -26,7 +28,9 @@ import (
 // serve another session or generation. It bounds what http.Transport
 // bounds: the response head's size (MaxResponseHead), the wait for it
 // (TunnelTimeout, from the end of the request body, as
-// ResponseHeaderTimeout), and the informational responses before it.
+// ResponseHeaderTimeout), the wait for the agent to take any of the body
+// (TunnelTimeout, afresh at each write), and the informational responses
+// before the head.
 type streamTransport struct{ e *Edge }
 
 // requestWriters buffer the request line, headers and body chunks of
@@ -87,7 +91,7 @@ type exchange struct {
 // response head. The exchange ends when req's context does; on an error it
 // is over.
 func (x *exchange) start(req *http.Request) (*http.Response, error) {
-	x.stop = context.AfterFunc(req.Context(), x.close)
+	x.stop = context.AfterFunc(req.Context(), x.left)
 	if req.Body != nil && req.Body != http.NoBody {
 		go func() {
 			if err := x.write(req); err != nil {
@@ -119,17 +123,58 @@ func (x *exchange) write(req *http.Request) error {
 		}
 	}
 	bw := requestWriters.Get().(*bufio.Writer)
-	bw.Reset(x.conn)
+	var sw *stallWriter
+	if req.Body != nil && req.Body != http.NoBody {
+		sw = &stallWriter{c: x.conn, timeout: x.timeout}
+		bw.Reset(sw)
+	} else {
+		bw.Reset(x.conn)
+	}
 	err := req.Write(bw)
 	if err == nil {
 		err = bw.Flush()
 	}
 	bw.Reset(nil)
 	requestWriters.Put(bw)
+	if sw != nil {
+		x.conn.SetWriteDeadline(time.Time{}) // an upgraded stream writes on
+		if sw.stalled {
+			x.stalled()
+		}
+	}
 	if err == nil {
 		x.arm()
 	}
 	return err
+}
+
+// stallWriter writes a request to its stream, each write given the tunnel
+// timeout afresh: the agent takes a body as fast as its local service
+// does, and one that has taken none of it for that long (its window
+// closed: a local service that reads nothing of the body and does not
+// answer, or an agent that never reads) ends the exchange as the tunnel
+// timeout does. The wait for the response head is counted from the end of
+// the body, which would otherwise never come, and hold the visitor for as
+// long as it waits. The edge sees the agent's progress only as yamux's
+// window updates, sent once half the window is read: a local service
+// taking less than half a window per tunnel timeout (512 KiB a minute
+// with the 1 MiB window of a LAN) counts as stalled. The agent holds its
+// local service to a finer bound of its own (--upstream-timeout, at each
+// write), which a stalled one meets first.
+type stallWriter struct {
+	c       net.Conn
+	timeout time.Duration
+	stalled bool
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	w.c.SetWriteDeadline(time.Now().Add(w.timeout))
+	n, err := w.c.Write(p)
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		w.stalled = true
+	}
+	return n, err
 }
 
 // awaitAccept waits, at most the tunnel timeout, until the agent has
@@ -168,6 +213,17 @@ func (x *exchange) timeOut() {
 	x.timedOut.Store(true)
 	x.conn.SetReadDeadline(time.Now())
 	x.close()
+}
+
+// stalled ends the exchange as the tunnel timeout does, its upload
+// stalled, unless the response head is in: that response goes on, and the
+// rest of the body is not sent.
+func (x *exchange) stalled() {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if !x.headDone {
+		x.timeOut()
+	}
 }
 
 // errNotAccepted: the session ended, or the visitor left, before the agent
@@ -228,12 +284,20 @@ func (b *readErrBody) failed() error {
 }
 
 // close ends the exchange; it may run on another goroutine than the reads
-// (a visitor gone, a timeout), so it leaves br alone.
+// (a timeout), so it leaves br alone.
 func (x *exchange) close() {
 	x.once.Do(func() {
 		x.stop()
 		x.conn.Close()
 	})
+}
+
+// left ends the exchange when the request's context ends (the visitor
+// left). It runs on the context's own goroutine, which a context done
+// already starts before start has stored stop, so it leaves stop alone:
+// the call it would cancel is this one.
+func (x *exchange) left() {
+	x.once.Do(func() { x.conn.Close() })
 }
 
 // release gives br back once nothing reads it any more.
@@ -300,6 +364,10 @@ func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
 		if read := x.headMax + responseReaderSize - x.src.n - int64(x.br.Buffered()); read > x.headMax {
 			return nil, errHeadTooLarge
 		}
+		if err := checkStatus(resp, req); err != nil {
+			resp.Body.Close()
+			return nil, err
+		}
 		if resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
 			return resp, nil
 		}
@@ -309,6 +377,22 @@ func (x *exchange) readFinal(req *http.Request) (*http.Response, error) {
 		}
 	}
 	return nil, errors.Join(errBadResponse, errors.New("too many informational responses"))
+}
+
+// checkStatus refuses a status net/http reads (any three digits, a sign
+// too) but no response may carry, as the agent refuses its local
+// service's: one under 100 would be passed on as informational, which the
+// visitor's server refuses with a panic. It refuses a switch of protocols
+// the request did not ask for, as the reverse proxy would, but with the
+// code of a bad response.
+func checkStatus(resp *http.Response, req *http.Request) error {
+	switch code := resp.StatusCode; {
+	case code < 100 || code > 599:
+		return fmt.Errorf("%w: status %d", errBadResponse, code)
+	case code == http.StatusSwitchingProtocols && req.Header.Get("Upgrade") == "":
+		return fmt.Errorf("%w: switching protocols unasked", errBadResponse)
+	}
+	return nil
 }
 
 // readError says why a response head could not be read: the limit, the
@@ -394,8 +478,17 @@ type upgradedBody struct {
 	br *bufio.Reader
 }
 
-func (b *upgradedBody) Read(p []byte) (int, error)  { return b.br.Read(p) }
-func (b *upgradedBody) Write(p []byte) (int, error) { return b.x.conn.Write(p) }
+func (b *upgradedBody) Read(p []byte) (int, error) { return b.br.Read(p) }
+
+// Write gives each write the tunnel timeout afresh, as a request body's
+// (stallWriter): an agent that takes nothing of the upgraded connection
+// for that long ends it, where the copy towards it would wait on its
+// closed window for as long as the session lives, the visitor gone or not.
+func (b *upgradedBody) Write(p []byte) (int, error) {
+	b.x.conn.SetWriteDeadline(time.Now().Add(b.x.timeout))
+	return b.x.conn.Write(p)
+}
+
 func (b *upgradedBody) Close() error {
 	b.x.close()
 	return nil

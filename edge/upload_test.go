@@ -110,13 +110,7 @@ func TestUploadToAgentThatNeverAccepts(t *testing.T) {
 	cfg.TunnelTimeout = 300 * time.Millisecond
 	cfg.HeartbeatTimeout = time.Minute
 	e := tunneltest.StartEdge(t, cfg)
-	raw, m := e.DialRaw(t, hello(""))
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "stuck"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
+	boundRaw(t, e, "stuck")
 	c := e.Client()
 	c.Timeout = 10 * time.Second
 	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
@@ -129,6 +123,92 @@ func TestUploadToAgentThatNeverAccepts(t *testing.T) {
 	if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeTunnelTimeout {
 		t.Fatalf("upload to an agent that never accepts: %d %q, want 504 %s", resp.StatusCode, code, mux.CodeTunnelTimeout)
 	}
+}
+
+// TestUploadToAgentThatNeverReads: an agent that accepts an upload's
+// stream and then takes none of its body (its local service reads none of
+// it and does not answer, or the agent never reads its window) would hold
+// the visitor for as long as the visitor waits, since the tunnel timeout
+// counts from the end of the body. The edge gives each write of the body
+// the tunnel timeout afresh: the visitor gets its answer, 504
+// tunnel_timeout, once nothing of the body went for that long, over
+// HTTP/1.1 and HTTP/2, of a known length and of none (chunked). Each case
+// costs about the tunnel timeout.
+func TestUploadToAgentThatNeverReads(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
+	e := tunneltest.StartEdge(t, cfg)
+	raw := boundRaw(t, e, "deaf")
+	go func() {
+		for {
+			// Accepted, and never read: the window closes. The
+			// session's end closes the streams.
+			if _, err := raw.YS.AcceptStream(); err != nil {
+				return
+			}
+		}
+	}()
+	for _, h2 := range []bool{false, true} {
+		for _, chunked := range []bool{false, true} {
+			c := e.Client()
+			c.Timeout = 10 * time.Second
+			if !h2 {
+				http1Only(c)
+			}
+			var body io.Reader = bytes.NewReader(make([]byte, 4<<20))
+			if chunked {
+				body = io.MultiReader(body) // no length the client can see
+			}
+			start := time.Now()
+			resp, err := c.Post(tunneltest.URL("https", "deaf", "/"), "application/octet-stream", body)
+			if err != nil {
+				t.Fatalf("h2 %v, chunked %v: an upload the agent never reads, after %s: %v", h2, chunked, time.Since(start), err)
+			}
+			resp.Body.Close()
+			if code := resp.Header.Get(mux.ErrorHeader); resp.StatusCode != http.StatusGatewayTimeout || code != mux.CodeTunnelTimeout || (resp.ProtoMajor == 2) != h2 {
+				t.Fatalf("h2 %v, chunked %v: an upload the agent never reads: %s %d %q, want 504 %s", h2, chunked, resp.Proto, resp.StatusCode, code, mux.CodeTunnelTimeout)
+			}
+			c.CloseIdleConnections()
+		}
+	}
+}
+
+// TestUpgradeToAgentThatNeverReads: an agent that switches protocols and
+// then reads nothing of the upgraded connection held it, and the
+// visitor's connection with it (counted against --max-conns), after the
+// visitor had gone: the edge's copy towards the agent waited on the
+// closed window for as long as the session lived. Each write towards the
+// agent gets the tunnel timeout afresh, as a request body's does; past it
+// the upgraded connection ends on both sides. About a second.
+func TestUpgradeToAgentThatNeverReads(t *testing.T) {
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TunnelTimeout = 300 * time.Millisecond
+	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
+	e := tunneltest.StartEdge(t, cfg)
+	hold := make(chan struct{})
+	t.Cleanup(func() { close(hold) })
+	answerStreams(boundRaw(t, e, "ws"), func(st net.Conn, _ *http.Request) {
+		io.WriteString(st, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		<-hold // and read nothing more
+	})
+	c, err := net.Dial("tcp", e.Addr("http").String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: ws.%s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", tunneltest.Domain)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v %v", resp, err)
+	}
+	// The visitor sends until nothing more goes, then leaves.
+	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	io.Copy(c, tunneltest.Pattern(256<<20))
+	c.Close()
+	tunneltest.Eventually(t, 10*time.Second, "the upgraded connection to end at the edge", func() bool {
+		return scrape(t, e, "")["ngstone_streams_active"] == 0
+	})
 }
 
 // TestLargeUploadOnAgentsSpare: an agent that keeps a spare stream open

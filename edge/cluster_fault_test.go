@@ -43,7 +43,10 @@ const (
 func TestClusterEtcdFaults(t *testing.T) {
 	scenarios := map[string]func(t *testing.T){
 		"MemberFrozen":                 testMemberFrozen,
+		"MemberFrozenLongCalls":        testMemberFrozenLongCalls,
 		"MemberCut":                    testMemberCut,
+		"MemberSlow":                   testMemberSlow,
+		"MemberApplyStalled":           testMemberApplyStalled,
 		"WatchFrozenTakeover":          func(t *testing.T) { testWatchFrozenTakeover(t, faultTTL) },
 		"WatchFrozenTakeoverLongCalls": func(t *testing.T) { testWatchFrozenTakeover(t, longCallTTL) },
 		"LeaderKilled":                 testLeaderKilled,
@@ -87,6 +90,9 @@ func newRig(t *testing.T, opts etcdtest.ClusterOptions, user, password string, t
 			paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
 		}
 		r.paths = append(r.paths, paths)
+		for m, p := range paths {
+			t.Logf("e%d reaches m%d through %s", e, m, p.Addr())
+		}
 		r.edges = append(r.edges, r.c.startWith(fmt.Sprintf("e%d", e), eps, func(ec *registry.EtcdConfig) {
 			ec.LeaseTTL, ec.CallTimeout, ec.RouteStaleness = faultTTL, 0, 0 // the defaults' fractions
 			ec.RetryInterval, ec.Username, ec.Password = 200*time.Millisecond, user, password
@@ -309,6 +315,33 @@ func (tr *traffic) share(e int, from, to time.Time) (ok, all int, fails []string
 	return ok, all, fails
 }
 
+// routeStats returns every edge's route counts.
+func (r *rig) routeStats() []registry.RouteStats {
+	var out []registry.RouteStats
+	for _, e := range r.edges {
+		out = append(out, e.store.RouteStats())
+	}
+	return out
+}
+
+// slow returns how many visits through edge e that started in [from, to]
+// took longer than d, and the longest.
+func (tr *traffic) slow(e int, from, to time.Time, d time.Duration) (n int, slowest time.Duration) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for _, v := range tr.visits {
+		if v.edge != e || v.start.Before(from) || v.start.After(to) {
+			continue
+		}
+		took := v.end.Sub(v.start)
+		slowest = max(slowest, took)
+		if took > d {
+			n++
+		}
+	}
+	return n, slowest
+}
+
 // sessionsKept checks that every agent is still on the session it started
 // the fault with, and that no edge lost its lease.
 func (r *rig) sessionsKept(t *testing.T, agents []*tunneltest.Agent, sessions []uint64) {
@@ -352,6 +385,7 @@ func (r *rig) steady() ([]*tunneltest.Agent, []uint64, []string) {
 func underFault(t *testing.T, r *rig, begin, end func()) {
 	agents, sessions, subs := r.steady()
 	tr := r.visitors(subs, 20*time.Millisecond)
+	routes := r.routeStats()
 	t0 := time.Now()
 	begin()
 	var reaches []time.Duration
@@ -370,6 +404,11 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 	end()
 	t1 := time.Now()
 	tr.halt()
+	for e, after := range r.routeStats() {
+		slow, slowest := tr.slow(e, t0, t1, faultTTL/10)
+		figure(t, "e%d routes during the fault: %d from the cache, %d read from etcd, %d failed; %d visits took longer than %v, the slowest %v",
+			e, after.Cached-routes[e].Cached, after.Reread-routes[e].Reread, after.Failed-routes[e].Failed, slow, faultTTL/10, slowest.Round(time.Millisecond))
+	}
 	for e := range r.edges {
 		ok, all, fails := tr.share(e, t0, t1)
 		figure(t, "e%d visits during the fault: %d of %d answered 200 (%.2f%%, need %.0f%%); /healthz not 200: %d of %d",
@@ -394,6 +433,18 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 func testMemberFrozen(t *testing.T) {
 	r := newRig(t, etcdtest.ClusterOptions{}, "", "")
 	m := r.follower()
+	t.Logf("m%d freezes", m)
+	underFault(t, r, func() { r.freeze(m) }, r.heal)
+}
+
+// testMemberFrozenLongCalls: testMemberFrozen on edges whose call
+// timeout (a tenth of longCallTTL) is longer than their route staleness.
+func testMemberFrozenLongCalls(t *testing.T) {
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) {
+		ec.LeaseTTL, ec.RouteStaleness = longCallTTL, faultStaleness
+	})
+	m := r.follower()
+	t.Logf("m%d freezes", m)
 	underFault(t, r, func() { r.freeze(m) }, r.heal)
 }
 
@@ -403,6 +454,38 @@ func testMemberCut(t *testing.T) {
 	r := newRig(t, etcdtest.ClusterOptions{}, "", "")
 	m := r.follower()
 	underFault(t, r, func() { r.etcd.Cut(m) }, func() { r.etcd.Mend(m) })
+}
+
+// slowDelay is how late a slow member's bytes are, each way: its calls
+// take two of it, longer than the edges' call timeout and shorter than
+// their lease may go unrenewed.
+const slowDelay = 3 * (faultTTL / 10) / 4
+
+// testMemberSlow: a member every edge uses answers every call, but late:
+// each byte to and from it takes slowDelay (a member overloaded, or far).
+func testMemberSlow(t *testing.T) {
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "")
+	m := r.follower()
+	t.Logf("m%d turns slow: %v each way", m, slowDelay)
+	slow := func(d time.Duration) func() {
+		return func() {
+			for _, ps := range r.paths {
+				ps[m].Slow(d)
+			}
+		}
+	}
+	underFault(t, r, slow(slowDelay), slow(0))
+}
+
+// testMemberApplyStalled: a member every edge uses stops applying what is
+// committed (its disk stalls): it answers lease renewals, which it
+// forwards to the leader, but its reads and the writes sent to it hang.
+func testMemberApplyStalled(t *testing.T) {
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "")
+	m := r.follower()
+	t.Logf("m%d stops applying", m)
+	var resume func()
+	underFault(t, r, func() { resume = r.etcd.StallApply(m) }, func() { resume() })
 }
 
 // longCallTTL is WatchFrozenTakeoverLongCalls' lease TTL: its call
@@ -439,6 +522,7 @@ func testWatchFrozenTakeover(t *testing.T, ttl time.Duration) {
 	r.agentOf(0, "app", "old", inst).WaitOnline(t)
 	r.reach("app", "old", time.Now())
 	m := r.watchMember(0)
+	t.Logf("m%d, under e0's watch, freezes for e0", m)
 	tr := r.visitors([]string{"app"}, 2*time.Millisecond)
 	seen := r.watchTakeover("app", "e1")
 	r.paths[0][m].Block()

@@ -16,8 +16,10 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/singleflight"
+	"google.golang.org/grpc"
 )
 
 // ErrUnavailable is returned by a cluster store that cannot vouch for its
@@ -127,6 +129,10 @@ type Etcd struct {
 	members  members // where the lease's keep-alive lanes go (renew)
 	watchers members // where the watch goes, in turn (watchFrom)
 
+	writersMu     sync.Mutex
+	writers       members // where the attempts of writes go that are retried, not hedged (spread)
+	writersClosed bool
+
 	flight  singleflight.Group // one read per hostname at a time
 	rereads chan struct{}      // bounds the hostnames read at once
 	counts  routeCounts
@@ -186,6 +192,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		// Edges do not all start on one member.
 		members:  members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
 		watchers: members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
+		writers:  members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
 	}
 }
 
@@ -287,12 +294,12 @@ func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 		return err
 	}
 	s.setOpen(sess.ID, true)
-	key := s.sessionKey(s.cfg.Node, sess.ID)
+	put := &pb.PutRequest{Key: []byte(s.sessionKey(s.cfg.Node, sess.ID)), Value: val, Lease: int64(lease)}
 	// Retried, not hedged: a hedge answered after CloseSession's delete
 	// would bring a closed session back to life (until reconcile).
-	err = s.retry(ctx, func(ctx context.Context) error {
-		_, err := s.cli.Put(ctx, key, string(val), clientv3.WithLease(lease))
-		return err
+	err = s.spread(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
+		_, err := pb.NewKVClient(conn).Put(ctx, put)
+		return rpctypes.Error(err)
 	})
 	if err != nil {
 		// A put that etcd applies late is removed by reconcile.
@@ -488,7 +495,8 @@ func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
 // a bind replaced it), so two callers never both report the deletion.
 // Only after a delete whose answer was lost does a hostname found gone
 // count as released by this call. Releases are off every visitor's path,
-// so a hung member costs them a call timeout, not a hedge.
+// so a hung member costs them a call timeout, not a hedge; each attempt
+// goes to another member (see spread).
 func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	if generation > math.MaxInt64 {
 		return false, nil
@@ -496,6 +504,7 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key, gen := s.hostKey(hostname), int64(generation)
+	m := s.writerTurn()
 	for sent := false; ; {
 		resp, err := s.get(ctx, key)
 		if err != nil {
@@ -510,14 +519,18 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		if err != nil || old.SessionID != sessionID {
 			return false, err
 		}
-		del := clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", gen)},
-			[]clientv3.Op{clientv3.OpDelete(key)}, nil)
-		var out clientv3.OpResponse
-		err = s.once(ctx, func(ctx context.Context) (err error) {
-			out, err = s.cli.Do(ctx, del)
-			return err
+		cmp := clientv3.Compare(clientv3.ModRevision(key), "=", gen)
+		del := &pb.TxnRequest{Compare: []*pb.Compare{cmp.GetCompare()}, Success: []*pb.RequestOp{
+			{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}}}}
+		var tr *pb.TxnResponse
+		err = s.once(ctx, func(ctx context.Context) error {
+			return s.onWriter(ctx, m, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
+				tr, err = pb.NewKVClient(conn).Txn(ctx, del)
+				return rpctypes.Error(err)
+			})
 		})
-		switch tr := out.Txn(); {
+		m++ // the next attempt goes to another member
+		switch {
 		case err != nil && !transient(err):
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 		case err == nil && tr.Succeeded:

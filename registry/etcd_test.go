@@ -382,17 +382,8 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 // user's password, and a wrong password stops Start with etcd's reason.
 func TestEtcdAuth(t *testing.T) {
 	endpoints := etcdtest.StartSeparate(t)
-	admin := etcdtest.ClientAt(t, endpoints...)
+	enableAuth(t, endpoints)
 	ctx := context.Background()
-	for _, step := range []func() error{
-		func() error { _, err := admin.UserAdd(ctx, "root", "rootpw"); return err },
-		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
-		func() error { _, err := admin.AuthEnable(ctx); return err },
-	} {
-		if err := step(); err != nil {
-			t.Fatalf("enable auth: %v", err)
-		}
-	}
 	good := registry.NewEtcd(registry.EtcdConfig{Endpoints: endpoints, Username: "root", Password: "rootpw", Node: "a", LeaseTTL: time.Second})
 	if err := good.Start(ctx, "a:7443", registry.Hooks{}); err != nil {
 		t.Fatalf("start with the right password: %v", err)
@@ -409,6 +400,22 @@ func TestEtcdAuth(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), "authentication failed") {
 		t.Fatalf("wrong password: %v; want etcd's reason", err)
+	}
+}
+
+// enableAuth turns auth on in the etcd at endpoints, with user root,
+// password rootpw.
+func enableAuth(t *testing.T, endpoints []string) {
+	admin := etcdtest.ClientAt(t, endpoints...)
+	ctx := context.Background()
+	for _, step := range []func() error{
+		func() error { _, err := admin.UserAdd(ctx, "root", "rootpw"); return err },
+		func() error { _, err := admin.UserGrantRole(ctx, "root", "root"); return err },
+		func() error { _, err := admin.AuthEnable(ctx); return err },
+	} {
+		if err := step(); err != nil {
+			t.Fatalf("enable auth: %v", err)
+		}
 	}
 }
 
@@ -666,5 +673,199 @@ func TestEtcdStraySessionRecord(t *testing.T) {
 	})
 	if got, err := a.Sessions(ctx); err != nil || len(got) != 1 || got[0].ID != 1 {
 		t.Fatalf("sessions after the removal: %+v, %v; want the open one", got, err)
+	}
+}
+
+// TestEtcdSessionOnHungMember: one of the three paths a node has to etcd
+// hangs (open, silent), and sessions open one after another meanwhile. A
+// session record's put is retried, not hedged, so an attempt that went to
+// the hung member costs a call timeout; the next must go elsewhere. Each
+// put is given three call timeouts: the client's balancer, taking members
+// in turn for every call, put attempt after attempt on the hung member,
+// in step with the confirm rounds' reads (one put took 6.8 s of 1 s
+// attempts). Sessions are opened for a third of gRPC's keepalive, which
+// would drop the hung connection (10 s and more). About 4 s.
+func TestEtcdSessionOnHungMember(t *testing.T) {
+	const callTimeout = 300 * time.Millisecond
+	a, paths, _ := threePathNode(t, 10*time.Second, callTimeout, 2*callTimeout)
+	paths[0].Block()
+	hung := time.Now()
+	var slowest time.Duration
+	for id := uint64(1); time.Since(hung) < 4*time.Second; id++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*callTimeout)
+		start := time.Now()
+		err := a.OpenSession(ctx, registry.Session{ID: id})
+		cancel()
+		if err != nil {
+			t.Fatalf("session %d, %v into the hang: %v", id, start.Sub(hung).Round(time.Millisecond), err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("the slowest session record took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
+}
+
+// TestEtcdConfirmOnHungMember: one of the three paths a node has to etcd
+// hangs, not the watch's, with a route staleness below the call timeout.
+// A confirm round's read has half the staleness; one that went to the
+// hung member must be hedged within it, or every third round fails and
+// the cache goes unconfirmed for a while each time (visitors' routes are
+// then read from etcd, and wait for their own hedge). The cache must stay
+// confirmed throughout: a round that succeeds through its hedge leaves it
+// at most two rounds old. Below gRPC's keepalive, which would drop the
+// hung connection (16 s here). About 10 s.
+func TestEtcdConfirmOnHungMember(t *testing.T) {
+	const staleness = time.Second
+	b, paths, prefix := threePathNode(t, 30*time.Second, 3*staleness, staleness)
+	w := slices.Index(paths, carrier(t, paths, prefix))
+	paths[(w+1)%len(paths)].Block()
+	hung := time.Now()
+	var oldest time.Duration
+	for time.Since(hung) < 10*time.Second {
+		age := b.RouteStats().Age
+		if age > staleness {
+			t.Fatalf("%v into the hang of one path of three, b's cache has gone unconfirmed for %v (staleness %v)",
+				time.Since(hung).Round(time.Millisecond), age.Round(time.Millisecond), staleness)
+		}
+		oldest = max(oldest, age)
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("b's cache was confirmed at most %v before, throughout (staleness %v)", oldest.Round(time.Millisecond), staleness)
+}
+
+// TestEtcdReleaseOnHungMember: as TestEtcdSessionOnHungMember, for
+// releases, whose delete is sent once per attempt and read back: each of
+// ten is given five call timeouts. Through the client's balancer, a
+// release's read and delete and a confirm round's read took three turns,
+// so every delete went to the hung member: releases ran out their whole
+// budget (ten call timeouts) with one member of three hung. About 3 s.
+func TestEtcdReleaseOnHungMember(t *testing.T) {
+	const callTimeout = 300 * time.Millisecond
+	a, paths, _ := threePathNode(t, 10*time.Second, callTimeout, 2*callTimeout)
+	var held []registry.Binding
+	for i := range 10 {
+		c := claim(instA, uint64(i+1))
+		c.Hostname = fmt.Sprintf("r%d.example.com", i)
+		res, err := openBind(t, a, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, res.Binding)
+	}
+	paths[0].Block()
+	hung := time.Now()
+	var slowest time.Duration
+	for _, b := range held {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*callTimeout)
+		start := time.Now()
+		released, err := a.Release(ctx, b.Hostname, b.SessionID, b.Generation)
+		cancel()
+		if err != nil || !released {
+			t.Fatalf("release of %s, %v into the hang: released %v, %v", b.Hostname, start.Sub(hung).Round(time.Millisecond), released, err)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("the slowest release took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
+}
+
+// threePathNode starts a node whose three members are three fault
+// proxies to the shared etcd server, for the test to hang, with the given
+// lease TTL, call timeout and route staleness; it returns the node, its
+// paths and its prefix. The paths are unblocked before the node closes,
+// so that it revokes its lease.
+func threePathNode(t *testing.T, ttl, callTimeout, staleness time.Duration) (*registry.Etcd, []*tunneltest.FaultProxy, string) {
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(etcdtest.Endpoints(t)[0], "http://"))
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	prefix := etcdtest.Prefix(t)
+	s := startNode(t, eps, prefix, "a", registry.Hooks{}, func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = ttl, callTimeout, staleness
+	})
+	for _, p := range paths {
+		t.Cleanup(p.Unblock) // after startNode's, so before the node closes
+	}
+	return s, paths, prefix
+}
+
+// TestEtcdRouteReadOnHungMember: the path carrying a node's watch hangs,
+// with a route staleness below half the call timeout, so that the cache
+// goes unconfirmed until the silent watch is replaced (a call timeout)
+// and Route reads each name from etcd meanwhile. A read that went first
+// to the hung member must be hedged within the staleness: hedged at half
+// the call timeout, its answer came too late to route by, and Route
+// refused every third read while two members answered at once. About 7 s.
+func TestEtcdRouteReadOnHungMember(t *testing.T) {
+	const staleness = time.Second
+	b, paths, prefix := threePathNode(t, 50*time.Second, 5*staleness, staleness)
+	paths[slices.Index(paths, carrier(t, paths, prefix))].Block()
+	hung := time.Now()
+	// A change the watch cannot deliver: without one, the cache is as
+	// current as etcd, hung watch or not.
+	if _, err := etcdtest.Client(t).Put(context.Background(), prefix+"change", "x"); err != nil {
+		t.Fatal(err)
+	}
+	reads := func() uint64 { return b.RouteStats().Reread }
+	for i, before, stale := 0, reads(), false; !stale || b.RouteStats().Age >= staleness; i++ {
+		if time.Since(hung) > 10*time.Second {
+			t.Fatalf("the cache was not confirmed again within 10s of its watch's path hanging (read %d names)", reads()-before)
+		}
+		// A name of its own each time: one read since the cache went
+		// unconfirmed would be fresh enough for the staleness.
+		_, _, err := b.Route(context.Background(), fmt.Sprintf("n%d.example.com", i))
+		if err != nil {
+			t.Fatalf("%v into the hang of the watch's path, Route refused with two members of three answering: %v",
+				time.Since(hung).Round(time.Millisecond), err)
+		}
+		stale = stale || reads() > before
+	}
+	t.Logf("Route read %d names from etcd while the cache was unconfirmed, all in time; confirmed again %v after the hang", b.RouteStats().Reread, time.Since(hung).Round(time.Millisecond))
+}
+
+// TestEtcdLeaseOnSlowMembers: every path a node has to an etcd with auth
+// on turns slow: each call takes 500 ms, more than the call timeout (300
+// ms) and a quarter of how long the lease may go unrenewed (2 s), as an
+// etcd overloaded, or a node starved, would answer. Renewals are answered
+// late, so the node opens more keep-alive lanes, and each fails, a call
+// timeout after it began: opening a stream fetches an auth token, a call.
+// The lease must hold, as every renewal is answered. When a lane's opening
+// blocked the renewing loop, the slow lane's answers waited behind it,
+// fewer were taken than sent, and the lease was declared lost (seen in
+// AuthChange under six CPU hogs, on all three edges). About 7 s.
+func TestEtcdLeaseOnSlowMembers(t *testing.T) {
+	endpoints := etcdtest.StartSeparate(t)
+	enableAuth(t, endpoints)
+	var paths []*tunneltest.FaultProxy
+	var eps []string
+	for range 3 {
+		p := tunneltest.StartFaultProxy(t, strings.TrimPrefix(endpoints[0], "http://"))
+		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
+	}
+	var h hookLog
+	a := startNode(t, eps, etcdtest.Prefix(t), "a", h.hooks(), func(c *registry.EtcdConfig) {
+		c.Username, c.Password = "root", "rootpw"
+		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 3*time.Second, 300*time.Millisecond, 600*time.Millisecond
+	})
+	// The node's lane has fetched its token once its connection is up:
+	// one link a path for the client's balancer, one for the watch, one
+	// for the lane.
+	eventually(t, "the node's watch and keep-alive lane to connect", func() bool {
+		n := 0
+		for _, p := range paths {
+			n += p.Links()
+		}
+		return n >= 5
+	})
+	for _, p := range paths {
+		p.Slow(250 * time.Millisecond)
+		t.Cleanup(func() { p.Slow(0) }) // before the node closes, so that it revokes its lease
+	}
+	slow := time.Now()
+	for time.Since(slow) < 6*time.Second {
+		if lost := h.count(func(h *hookLog) int { return h.lost }); lost != 0 || !a.Ready() {
+			t.Fatalf("%v into every path's slowness, the node lost its lease (%d times)", time.Since(slow).Round(time.Millisecond), lost)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

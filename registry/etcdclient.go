@@ -102,6 +102,47 @@ func (s *Etcd) retry(ctx context.Context, call func(context.Context) error) erro
 	}
 }
 
+// spread runs call as retry does, each attempt on the next member in a
+// turn of its own: the attempt after one that ran out goes to another
+// member. It is for writes that are retried, not hedged. Through the
+// client's balancer, which takes members in turn across every call, the
+// attempts of one call fell in step with the confirm rounds' reads and
+// their hedges, and went to a hung member time after time: one session
+// record's put took 6.8 s of 1 s attempts with one member of three hung,
+// until gRPC's keepalive dropped it.
+func (s *Etcd) spread(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
+	m := s.writerTurn()
+	return s.retry(ctx, func(ctx context.Context) error {
+		m++
+		return s.onWriter(ctx, m-1, call)
+	})
+}
+
+// writerTurn returns the member a write's first attempt goes to, each
+// write's the next.
+func (s *Etcd) writerTurn() int {
+	s.writersMu.Lock()
+	defer s.writersMu.Unlock()
+	s.writers.turn++
+	return s.writers.turn - 1
+}
+
+// onWriter runs call on spread's connection to member m (modulo their
+// number); on none once Close has closed them.
+func (s *Etcd) onWriter(ctx context.Context, m int, call func(context.Context, *grpc.ClientConn) error) error {
+	s.writersMu.Lock()
+	if s.writersClosed {
+		s.writersMu.Unlock()
+		return ErrUnavailable
+	}
+	conn, err := s.memberConn(&s.writers, m%len(s.cfg.Endpoints))
+	s.writersMu.Unlock()
+	if err != nil {
+		return err
+	}
+	return call(ctx, conn)
+}
+
 // jitter returns d give or take a quarter, at random: loops that call etcd
 // at fixed intervals fall into step with each other, and then with the
 // balancer's turns (see confirmLoop).
@@ -122,7 +163,7 @@ func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (
 func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
 	var resp clientv3.OpResponse
 	err := s.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
+		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
 			return s.cli.Do(ctx, op)
 		})
 		return err
@@ -138,7 +179,7 @@ func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpRespo
 func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
 	var resp clientv3.OpResponse
 	err := s.once(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.callTimeout/2, func(ctx context.Context) (clientv3.OpResponse, error) {
+		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
 			return s.cli.Do(ctx, op)
 		})
 		return err
@@ -147,8 +188,22 @@ func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, 
 }
 
 // hedges is how many reads hedged runs at most for one answer: a second
-// one when the first has had half of its call timeout.
+// one when the first has had half of its time (hedgeAfter).
 const hedges = 2
+
+// hedgeAfter is when an attempt, whose deadline ctx carries, sends its
+// hedge: after half of the time it has, a call timeout or less. A caller
+// that allows less (a confirm round's read has half the route staleness,
+// which may be shorter than a call timeout) still gets its hedge, where
+// half a call timeout would come after its deadline: the rounds whose
+// read went to a hung member all failed.
+func (s *Etcd) hedgeAfter(ctx context.Context) time.Duration {
+	d := s.callTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl))
+	}
+	return d / 2
+}
 
 // hedged runs call, and again beside it every interval while no answer has
 // come, up to hedges at once: the client sends each to the next member, so
@@ -408,6 +463,10 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 		case <-ctx.Done():
 			return ctx.Err()
 		case a := <-answers:
+			if a.st != nil {
+				a.lane.opened(a.st, lease)
+				break
+			}
 			sent, err := a.lane.answered(a)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				return err
@@ -426,9 +485,32 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 			}
 		}
 		if time.Since(*okSent) > lostAfter {
-			return errNotRenewed
+			return fmt.Errorf("%w: the last answered renewal was sent %v ago; lanes: %s",
+				errNotRenewed, time.Since(*okSent).Round(time.Millisecond), s.describeLanes(lanes))
 		}
 	}
+}
+
+// describeLanes says where each lane is and how long its oldest renewal
+// has gone unanswered, for the line that reports a lost lease.
+func (s *Etcd) describeLanes(lanes []*lane) string {
+	if len(lanes) == 0 {
+		return "none open"
+	}
+	var out []string
+	for _, l := range lanes {
+		d := "all answered"
+		switch {
+		case l.failed:
+			d = "failed"
+		case l.st == nil:
+			d = fmt.Sprintf("opening for %v", time.Since(l.sent[0]).Round(time.Millisecond))
+		case len(l.sent) > 0:
+			d = fmt.Sprintf("%d unanswered, the oldest for %v", len(l.sent), time.Since(l.sent[0]).Round(time.Millisecond))
+		}
+		out = append(out, s.cfg.Endpoints[l.member]+" ("+d+")")
+	}
+	return strings.Join(out, ", ")
 }
 
 // maxLanes bounds the keep-alive streams renew keeps open.
@@ -442,6 +524,7 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 	fresh := false
 	for _, l := range lanes {
 		if l.failed || l.behind(hopeless) {
+			s.log.Debug("cluster lease lane dropped", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "unanswered", len(l.sent))
 			l.close()
 			continue
 		}
@@ -453,10 +536,34 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 		return lanes, false
 	}
 	if len(lanes) == maxLanes {
-		lanes[0].close() // the oldest: the longest behind
-		lanes = lanes[1:]
+		i := longestBehind(lanes)
+		lanes[i].close()
+		lanes = slices.Delete(lanes, i, i+1)
 	}
-	return append(lanes, s.openLane(ctx, s.nextMember(lanes), answers, wg)), true
+	l := s.openLane(ctx, s.nextMember(lanes), answers, wg)
+	s.log.Debug("cluster lease lane opened", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "lanes", len(lanes)+1)
+	return append(lanes, l), true
+}
+
+// longestBehind returns the index of the lane to give up for a new one:
+// of those that have not answered yet, if any, else of all, the one whose
+// oldest unanswered request (or opening) is the oldest; each of lanes has
+// one. Not the lane opened first, nor one merely longer behind than a
+// lane still opening: that may be the only one answering, late.
+func longestBehind(lanes []*lane) int {
+	worse := func(a, b *lane) bool {
+		if a.heard != b.heard {
+			return !a.heard
+		}
+		return a.sent[0].Before(b.sent[0])
+	}
+	i := 0
+	for j, l := range lanes {
+		if worse(l, lanes[i]) {
+			i = j
+		}
+	}
+	return i
 }
 
 // members places streams of the store's own: a connection to each member
@@ -466,8 +573,8 @@ func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Durat
 // new keep-alive lane on the hung member that held the lanes before it,
 // until the lease was lost, and a new watch on the hung member its last
 // one was silent on, round after round. The keep-alive lanes and the watch
-// each have their own, which only their loop uses; Close closes the
-// connections.
+// each have their own, which only their loop uses, and spread its own,
+// under writersMu; Close closes the connections.
 type members struct {
 	conns []*grpc.ClientConn
 	turn  int
@@ -506,10 +613,13 @@ func (s *Etcd) memberConn(ms *members, m int) (*grpc.ClientConn, error) {
 	return ms.conns[m], nil
 }
 
-// closeMembers closes the lanes' and the watch's connections, once their
-// loops have ended.
+// closeMembers closes the lanes', the watch's and spread's connections,
+// once their loops have ended.
 func (s *Etcd) closeMembers() {
-	for _, c := range slices.Concat(s.members.conns, s.watchers.conns) {
+	s.writersMu.Lock()
+	s.writersClosed = true
+	s.writersMu.Unlock()
+	for _, c := range slices.Concat(s.members.conns, s.watchers.conns, s.writers.conns) {
 		if c != nil {
 			c.Close()
 		}
@@ -518,58 +628,80 @@ func (s *Etcd) closeMembers() {
 
 // lane is one keep-alive stream and the send times of its unanswered
 // requests, oldest first (etcd answers a stream's requests in order).
+// Only renew's loop touches a lane.
 type lane struct {
-	member int // its index in EtcdConfig.Endpoints
-	st     pb.Lease_LeaseKeepAliveClient
+	member int                           // its index in EtcdConfig.Endpoints
+	st     pb.Lease_LeaseKeepAliveClient // nil while it opens
 	cancel context.CancelFunc
+	gone   chan struct{} // closed by close: its goroutine delivers nothing more
+	closed bool
 	sent   []time.Time
+	heard  bool // it has answered a renewal
 	failed bool
 }
 
-// answer is what a lane's stream delivered.
+// answer is what a lane's stream delivered: its opening (st, or err) or
+// an answer.
 type answer struct {
 	lane *lane
+	st   pb.Lease_LeaseKeepAliveClient
 	resp *pb.LeaseKeepAliveResponse
 	err  error
 }
 
-// openLane opens a keep-alive stream on member m; a lane that could not
-// open is failed at once, and replaced on the next turn.
+// openLane opens a keep-alive stream on member m in the background: the
+// lane counts its first request as sent now, and sends it once the stream
+// has opened (opened). Opening may fetch an auth token, a call that a hung
+// member would hold, and waits for the member's connection: bounded by a
+// call timeout, after which the lane fails. It does not hold renew's loop:
+// a loop held by each opening in turn took the answers of its one slow
+// lane more slowly than it sent their requests, and declared its lease
+// lost though every renewal was answered.
 func (s *Etcd) openLane(ctx context.Context, m int, answers chan<- answer, wg *sync.WaitGroup) *lane {
 	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	l := &lane{member: m, cancel: cancel}
+	l := &lane{member: m, cancel: cancel, gone: make(chan struct{}), sent: []time.Time{time.Now()}}
 	conn, err := s.memberConn(&s.members, m)
 	if err != nil {
 		cancel()
 		l.failed = true
 		return l
 	}
-	// Opening may fetch an auth token, a call that a hung member would
-	// hold, and waits for the member's connection: bounded too.
-	opening := time.AfterFunc(s.callTimeout, cancel)
-	st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
-	if !opening.Stop() || err != nil {
-		cancel()
-		l.failed = true
-		return l
-	}
-	l.st = st
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
+		opening := time.AfterFunc(s.callTimeout, cancel)
+		st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
+		if !opening.Stop() && err == nil {
+			err = fmt.Errorf("%w: opening a keep-alive stream", errStalled)
+		}
+		if !l.deliver(answers, answer{lane: l, st: st, err: err}) || err != nil {
+			return
+		}
 		for {
 			r, err := st.Recv()
-			select {
-			case answers <- answer{l, r, rpctypes.Error(err)}:
-			case <-lctx.Done():
-				return
-			}
-			if err != nil {
+			if !l.deliver(answers, answer{lane: l, resp: r, err: rpctypes.Error(err)}) || err != nil {
 				return
 			}
 		}
-	}()
+	})
 	return l
+}
+
+// deliver hands a to renew's loop, unless the lane was closed.
+func (l *lane) deliver(answers chan<- answer, a answer) bool {
+	select {
+	case answers <- a:
+		return true
+	case <-l.gone:
+		return false
+	}
+}
+
+// opened takes the lane's stream and sends the request counted when the
+// lane was opened.
+func (l *lane) opened(st pb.Lease_LeaseKeepAliveClient, lease clientv3.LeaseID) {
+	l.st = st
+	if err := st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
+		l.failed = true
+	}
 }
 
 // behind reports a request of the lane unanswered for longer than d.
@@ -578,7 +710,7 @@ func (l *lane) behind(d time.Duration) bool {
 }
 
 func (l *lane) send(lease clientv3.LeaseID, now time.Time) {
-	if l.failed {
+	if l.failed || l.st == nil { // an opening lane sends its request when open
 		return
 	}
 	if err := l.st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
@@ -601,11 +733,17 @@ func (l *lane) answered(a answer) (time.Time, error) {
 		return time.Time{}, rpctypes.ErrLeaseNotFound
 	}
 	sent := l.sent[0]
-	l.sent = l.sent[1:]
+	l.sent, l.heard = l.sent[1:], true
 	return sent, nil
 }
 
-func (l *lane) close() { l.cancel() }
+func (l *lane) close() {
+	l.cancel()
+	if !l.closed {
+		l.closed = true
+		close(l.gone)
+	}
+}
 
 func (s *Etcd) lost(err error) {
 	s.mu.Lock()

@@ -108,7 +108,10 @@ func (s *Etcd) reread(hostname string) error {
 		s.counts.busy.Add(1)
 		return fmt.Errorf("%w: %d hostnames being read from etcd already", ErrUnavailable, maxRereads)
 	}
-	ctx, cancel := context.WithTimeout(s.life, 3*s.callTimeout)
+	// An answer later than the staleness after the read began is of no
+	// use to Route (it is not fresh), and a read given no more than that
+	// hedges within it (hedgeAfter).
+	ctx, cancel := context.WithTimeout(s.life, min(3*s.callTimeout, s.staleness))
 	defer cancel()
 	if _, _, err := s.read(ctx, hostname); err != nil {
 		s.counts.failed.Add(1)

@@ -177,6 +177,22 @@ func (c *Cluster) peers(i int, cut bool) {
 	}
 }
 
+// StallApply stops member i from applying what raft commits, as a disk
+// that stalls or a long defragmentation would: it holds the member's
+// backend write lock. The member keeps voting, so the quorum stands, and
+// keeps forwarding lease renewals to the leader, which answers them; its
+// own reads, which wait for it to apply what was committed before them,
+// and the writes sent to it, hang once anything is committed. The returned
+// function (also run when tb ends) lets it go on.
+func (c *Cluster) StallApply(i int) (resume func()) {
+	tx := c.Members[i].etcd.Server.Backend().BatchTx()
+	tx.Lock()
+	var once sync.Once
+	resume = func() { once.Do(tx.Unlock) }
+	c.tb.Cleanup(resume) // before the members stop: they would wait for it
+	return resume
+}
+
 // Kill takes member i away as a crash would: its raft messages are
 // dropped at once, both ways (so it hands nothing on), and it stops in the
 // background; a test puts its client port out of reach itself (closing

@@ -21,6 +21,7 @@ type FaultProxy struct {
 	mu      sync.Mutex
 	cond    *sync.Cond
 	blocked bool
+	slow    time.Duration // the delay of new connections (Slow)
 	links   map[*link]struct{}
 	closed  bool
 	wg      sync.WaitGroup
@@ -88,6 +89,17 @@ func (p *FaultProxy) Unblock() {
 // connections are not delayed.
 func (p *FaultProxy) DelayExisting(d time.Duration) {
 	p.mu.Lock()
+	for l := range p.links {
+		l.delay = d
+	}
+	p.mu.Unlock()
+}
+
+// Slow delays every byte of every connection, open now or opened later,
+// by d (zero: none), as a slow or overloaded server would.
+func (p *FaultProxy) Slow(d time.Duration) {
+	p.mu.Lock()
+	p.slow = d
 	for l := range p.links {
 		l.delay = d
 	}
@@ -175,6 +187,7 @@ func (p *FaultProxy) serve(a net.Conn) {
 		return
 	}
 	p.links[l] = struct{}{}
+	l.delay = p.slow
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	wg.Add(2)

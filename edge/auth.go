@@ -151,8 +151,10 @@ func hostOf(addr string) string {
 	return h
 }
 
-// limiterKey is the address a failure counts against: an IPv4 address, or
-// an IPv6 address's /64.
+// limiterKey is the address a failure, a connection or a request in flight
+// counts against: an IPv4 address, or an IPv6 address's /64, which one host
+// usually holds whole (counted by the address, a /64 would get past every
+// per-address bound).
 func limiterKey(addr string) string {
 	h := hostOf(addr)
 	ip, err := netip.ParseAddr(h)

@@ -108,7 +108,7 @@ func (c *limitConn) NetConn() net.Conn { return c.Conn }
 // (c is then closed).
 func (c *limitConn) count() bool {
 	c.once.Do(func() {
-		c.ip = hostOf(c.Conn.RemoteAddr().String())
+		c.ip = limiterKey(c.Conn.RemoteAddr().String())
 		if c.counted = c.l.acquire(c.ip); !c.counted {
 			c.refused = true
 			c.l.refuse(c.Conn)

@@ -79,7 +79,7 @@ func (e *Edge) visitorHandler() http.Handler {
 				return
 			}
 		}
-		release, ok := e.slots.acquire(host, hostOf(r.RemoteAddr), e.cfg.MaxRequestsPerIP)
+		release, ok := e.slots.acquire(host, limiterKey(r.RemoteAddr), e.cfg.MaxRequestsPerIP)
 		if !ok {
 			e.metrics.limited(limitVisitorRequests)
 			mux.WriteVisitorErrorFor(w, r, mux.CodeVisitorLimit, host)

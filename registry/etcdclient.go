@@ -463,7 +463,7 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 		case <-ctx.Done():
 			return ctx.Err()
 		case a := <-answers:
-			if a.st != nil {
+			if a.st != nil && a.err == nil {
 				a.lane.opened(a.st, lease)
 				break
 			}

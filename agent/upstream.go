@@ -145,7 +145,7 @@ func localHint(local *url.URL, code string, err error, http2 bool) string {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "nothing accepts connections at " + hostPort(local) + ": is the local service running?"
 	case code == mux.CodeUpstreamTimeout:
-		return "the local service sent no response headers within --upstream-timeout"
+		return "the local service sent no response headers, or took none of the request body, within --upstream-timeout"
 	case code == mux.CodeBadResponse && (http2 || strings.Contains(err.Error(), http2Answer)):
 		return "the local service answered in HTTP/2 (a gRPC server?): run the tunnel with --upstream-protocol http2"
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -27,6 +28,7 @@ func TestPerAddressBoundsCountIPv6ByPrefix(t *testing.T) {
 	cfg.ProxyProtocolFrom = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
 	cfg.MaxConnsPerIP = 2
 	cfg.MaxRequestsPerIP = 1
+	cfg.ReadHeaderTimeout = time.Minute // the held connections outlive a slow machine's waits
 	e := tunneltest.StartEdge(t, cfg)
 	b := tunneltest.StartBackend(t)
 	ac := e.AgentConfig("", b.Addr())
@@ -39,7 +41,9 @@ func TestPerAddressBoundsCountIPv6ByPrefix(t *testing.T) {
 	go func() {
 		defer close(done)
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, tunneltest.URL("http", "prefix", "/slow"), nil)
-		resp, err := visitorFrom(t, e, "127.0.0.4", "2001:db8::1", 2, false).Do(req)
+		c := visitorFrom(t, e, "127.0.0.4", "2001:db8::1", 2, false)
+		c.Timeout = 0 // held until the test ends (ctx), however slow the machine
+		resp, err := c.Do(req)
 		if err == nil {
 			resp.Body.Close()
 			err = fmt.Errorf("the held request was answered %d %s", resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
@@ -63,16 +67,20 @@ func TestPerAddressBoundsCountIPv6ByPrefix(t *testing.T) {
 		t.Fatalf("a visitor of another /64: %d, want 200", got)
 	}
 
-	// A second connection of the /64, held open, takes its last place: a
-	// third is closed unanswered; another /64's is served.
+	// A second connection of the /64, held open, takes its last place (it
+	// is counted once answered): a third is closed unanswered; another
+	// /64's is served.
 	idle := proxiedConn(t, e, "2001:db8::2")
+	defer idle.Close()
+	if got := visitOn(t, idle, false); got != http.StatusTooManyRequests {
+		t.Fatalf("the second connection of the /64: %d, want 429 (its request at the bound)", got)
+	}
 	tunneltest.Eventually(t, 10*time.Second, "a third connection of the /64 to be refused", func() bool {
 		return rawVisit(t, e, "2001:db8::3") == 0
 	})
 	if got := rawVisit(t, e, "2001:db8:0:1::1"); got != http.StatusOK {
 		t.Fatalf("a visitor of another /64, the first one's connections at their bound: %d, want 200", got)
 	}
-	idle.Close()
 }
 
 // proxiedConn is a connection to e's HTTP listener from the trusted load
@@ -94,20 +102,33 @@ func proxiedConn(t *testing.T, e *tunneltest.Edge, from string) net.Conn {
 
 // rawVisit sends GET /hello for the tunnel from from, on a connection of
 // its own, and returns the status (0: the connection was closed
-// unanswered), with the code a 429 must carry.
+// unanswered).
 func rawVisit(t *testing.T, e *tunneltest.Edge, from string) int {
 	t.Helper()
 	c := proxiedConn(t, e, from)
 	defer c.Close()
+	return visitOn(t, c, true)
+}
+
+// visitOn sends GET /hello for the tunnel on c, closing it after the
+// answer if last, and returns the status (0: c was closed unanswered),
+// with the code a 429 must carry.
+func visitOn(t *testing.T, c net.Conn, last bool) int {
+	t.Helper()
 	c.SetDeadline(time.Now().Add(5 * time.Second))
-	host := "prefix." + tunneltest.Domain
-	if _, err := c.Write([]byte("GET /hello HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n\r\n")); err != nil {
+	defer c.SetDeadline(time.Time{})
+	req := "GET /hello HTTP/1.1\r\nHost: prefix." + tunneltest.Domain + "\r\n"
+	if last {
+		req += "Connection: close\r\n"
+	}
+	if _, err := c.Write([]byte(req + "\r\n")); err != nil {
 		return 0
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 	if err != nil {
 		return 0
 	}
+	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode == http.StatusTooManyRequests && resp.Header.Get(mux.ErrorHeader) != mux.CodeVisitorLimit {
 		t.Errorf("429 with code %q, want %s", resp.Header.Get(mux.ErrorHeader), mux.CodeVisitorLimit)

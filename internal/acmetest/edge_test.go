@@ -173,6 +173,16 @@ func TestEdgeWildcardDNS01(t *testing.T) {
 // TestEdgeOnDemand: with on-demand, a bound hostname gets its own
 // certificate at its first handshake and the tunnel's response; an unbound
 // one is refused at the handshake, and gets a certificate once bound.
+//
+// Its names are its own: certmagic keeps one process-wide table of the
+// handshakes loading or obtaining a certificate, keyed by the name alone,
+// and a handshake for a name another config is obtaining on demand waits
+// for that config and is handed its certificate. The edges of this
+// package's parallel tests share the process (and DOMAIN), so a name
+// obtained here on demand and handshaken for by another test's edge
+// meanwhile (app.DOMAIN, say) would reach that edge's visitor with a
+// certificate of this test's CA. One edge per process, as deployed, has
+// one config per name (DOMAIN's or the own hostnames').
 func TestEdgeOnDemand(t *testing.T) {
 	t.Parallel()
 	d := acmetest.StartDNS(t, domain)
@@ -181,9 +191,9 @@ func TestEdgeOnDemand(t *testing.T) {
 	cfg.TLS.OnDemand = true
 	e := startEdge(t, cfg)
 	waitHealthz(t, e, http.StatusOK, 60*time.Second)
-	bind(t, e, ca.Roots, "app")
+	bind(t, e, ca.Roots, "ondemand")
 
-	wantTunnel(t, e, ca.Roots, "app."+domain, "app."+domain)
+	wantTunnel(t, e, ca.Roots, "ondemand."+domain, "ondemand."+domain)
 	wantRefused(t, e, ca.Roots, "late."+domain)
 	bind(t, e, ca.Roots, "late")
 	wantTunnel(t, e, ca.Roots, "late."+domain, "late."+domain)

@@ -134,6 +134,7 @@ func dumpOnUSR1(dir, role string) {
 	signal.Notify(ch, syscall.SIGUSR1)
 	go func() {
 		for range ch {
+			writeMemStats(filepath.Join(dir, role+"-memstats.txt"))
 			runtime.GC()
 			for _, name := range []string{"heap", "goroutine"} {
 				f, err := os.Create(filepath.Join(dir, role+"-"+name+".pprof"))
@@ -145,6 +146,25 @@ func dumpOnUSR1(dir, role string) {
 			}
 		}
 	}()
+}
+
+// writeMemStats writes where the process's memory is, as the runtime
+// and the kernel count it, before the collection the heap profile forces:
+// what of the resident set is heap in use, heap kept but free, stacks and
+// the runtime's own.
+func writeMemStats(path string) {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	status, _ := os.ReadFile("/proc/self/status")
+	var b strings.Builder
+	fmt.Fprintf(&b, "goroutines %d\nSys %d\nHeapSys %d\nHeapInuse %d\nHeapIdle %d\nHeapReleased %d\nStackInuse %d\nStackSys %d\nMSpanSys %d\nGCSys %d\nOtherSys %d\nNextGC %d\n",
+		runtime.NumGoroutine(), m.Sys, m.HeapSys, m.HeapInuse, m.HeapIdle, m.HeapReleased, m.StackInuse, m.StackSys, m.MSpanSys, m.GCSys, m.OtherSys, m.NextGC)
+	for line := range strings.Lines(string(status)) {
+		if f := strings.Fields(line); len(f) > 1 && (strings.HasPrefix(f[0], "Vm") || strings.HasPrefix(f[0], "Rss")) {
+			fmt.Fprintf(&b, "%s %s\n", strings.TrimSuffix(f[0], ":"), strings.Join(f[1:], " "))
+		}
+	}
+	os.WriteFile(path, []byte(b.String()), 0o644)
 }
 
 // traceOnUSR2 writes an execution trace of the next traceWindow into

@@ -52,21 +52,92 @@ func TestH2Spec(t *testing.T) {
 	if got.cases != want.cases {
 		t.Fatalf("h2spec ran %d cases against the edge, %d against net/http", got.cases, want.cases)
 	}
-	// A few cases race the server's answer to their request (a frame on a
-	// stream the server has already closed): a case on which the two
-	// differ is run again, alone, and counts only if it differs each time.
+	// A few cases race the server's answer to their request, on net/http
+	// as on the edge: 6.9.1's third sends HEADERS without END_STREAM and
+	// then two WINDOW_UPDATE frames that overflow the stream's window, and
+	// a server that has answered and reset the stream before it reads them
+	// never sends the FLOW_CONTROL_ERROR the case waits for (each side
+	// failed it in 0 to 7 of 15 runs, quiet or under two CPU hogs). So a
+	// case on which the two differ is run again, alone, on each side, and
+	// counts only if neither side's outcome ever changes: a difference of
+	// behaviour, not of timing.
 	for _, c := range symmetricDifference(got.failed, want.failed) {
-		for range 3 {
-			e1, b1 := h2specFails(t, bin, e.Addr("https").String(), c), h2specFails(t, bin, bare.Listener.Addr().String(), c)
-			if e1 == b1 {
-				c = ""
-				break
+		edge, netHTTP := e.Addr("https").String(), bare.Listener.Addr().String()
+		rerun := func(onEdge bool) bool {
+			if onEdge {
+				return h2specFails(t, bin, edge, c)
 			}
+			return h2specFails(t, bin, netHTTP, c)
 		}
-		if c != "" {
-			t.Errorf("h2spec %s: the edge and net/http differ, each time", c)
+		if steadyDifference(rerun, slices.Contains(got.failed, c)) {
+			t.Errorf("h2spec %s: the edge %s, net/http %s, each of %d times", c, failsOrPasses(slices.Contains(got.failed, c)),
+				failsOrPasses(!slices.Contains(got.failed, c)), h2specReruns+1)
 		}
 	}
+}
+
+// h2specReruns is how many times a case the edge and net/http differ on is
+// run again on each side.
+const h2specReruns = 8
+
+// steadyDifference runs a case again (rerun(true) on the edge,
+// rerun(false) on net/http, each reporting whether it failed) until
+// either side's outcome changes from the first run's, edgeFailed on the
+// edge and the other on net/http: false as soon as one does, true if
+// neither did in h2specReruns runs of each.
+func steadyDifference(rerun func(onEdge bool) bool, edgeFailed bool) bool {
+	for range h2specReruns {
+		if rerun(true) != edgeFailed || rerun(false) == edgeFailed {
+			return false
+		}
+	}
+	return true
+}
+
+// TestSteadyDifference: a case counts as a difference only if neither
+// side's outcome ever changes; one the edge passes once, or net/http
+// fails once, is a race.
+func TestSteadyDifference(t *testing.T) {
+	for name, tc := range map[string]struct {
+		edge, netHTTP []bool // outcomes of the reruns: failed or not
+		edgeFailed    bool
+		want          bool
+	}{
+		"edge fails each time":          {edge: repeat(true), netHTTP: repeat(false), edgeFailed: true, want: true},
+		"net/http fails each time":      {edge: repeat(false), netHTTP: repeat(true), edgeFailed: false, want: true},
+		"edge passes the last time":     {edge: append(repeat(true)[1:], false), netHTTP: repeat(false), edgeFailed: true, want: false},
+		"net/http fails the first time": {edge: repeat(true), netHTTP: append([]bool{true}, repeat(false)[1:]...), edgeFailed: true, want: false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var e, n int
+			rerun := func(onEdge bool) bool {
+				if onEdge {
+					e++
+					return tc.edge[e-1]
+				}
+				n++
+				return tc.netHTTP[n-1]
+			}
+			if got := steadyDifference(rerun, tc.edgeFailed); got != tc.want {
+				t.Errorf("steadyDifference = %v after %d and %d reruns, want %v", got, e, n, tc.want)
+			}
+		})
+	}
+}
+
+func repeat(failed bool) []bool {
+	out := make([]bool, h2specReruns)
+	for i := range out {
+		out[i] = failed
+	}
+	return out
+}
+
+func failsOrPasses(failed bool) string {
+	if failed {
+		return "fails"
+	}
+	return "passes"
 }
 
 func symmetricDifference(a, b []string) []string {

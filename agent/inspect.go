@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -243,15 +244,19 @@ func (in *Inspector) add(c Capture) uint64 {
 func (in *Inspector) List() []Capture { return in.list() }
 
 // list returns the kept exchanges, newest first, their heads written.
+// Newest is by when each reached the agent: an exchange is kept once its
+// stream is done, which can come after the visitor has its answer and has
+// sent its next request, so the order kept is not always the order sent.
 func (in *Inspector) list() []Capture {
 	in.mu.Lock()
 	defer in.mu.Unlock()
 	n := len(in.ring)
 	out := make([]Capture, n)
 	for i := range n {
-		// The newest is just before the oldest.
+		// The newest kept is just before the oldest.
 		out[i] = in.ring[(in.oldest-1-i+2*n)%n].filled()
 	}
+	slices.SortStableFunc(out, func(a, b Capture) int { return b.Start.Compare(a.Start) })
 	return out
 }
 

@@ -167,6 +167,25 @@ func TestInspectorKeepsTheLast(t *testing.T) {
 	}
 }
 
+// TestInspectorListsByArrival: the list is newest first by when each
+// exchange reached the agent, not by when it was kept: a request sent
+// after another's answer lists above it even when the first was kept
+// last (its stream finished after the visitor had its answer).
+func TestInspectorListsByArrival(t *testing.T) {
+	in := newInspector(nil)
+	t0 := time.Now()
+	in.add(Capture{Path: "/second", Start: t0.Add(time.Millisecond)})
+	in.add(Capture{Path: "/first", Start: t0})
+	in.add(Capture{Path: "/third", Start: t0.Add(2 * time.Millisecond)})
+	var got []string
+	for _, c := range in.list() {
+		got = append(got, c.Path)
+	}
+	if want := []string{"/third", "/second", "/first"}; !slices.Equal(got, want) {
+		t.Fatalf("list %q, want %q", got, want)
+	}
+}
+
 // TestInspectorHeadsAsTheyCrossed: a head is written when the inspector is
 // read, but as it was when it crossed: what changes the request or the
 // response afterwards (the response header rules, the reverse proxy's

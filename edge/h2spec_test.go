@@ -61,17 +61,18 @@ func TestH2Spec(t *testing.T) {
 	// case on which the two differ is run again, alone, on each side, and
 	// counts only if neither side's outcome ever changes: a difference of
 	// behaviour, not of timing.
+	edge, netHTTP := e.Addr("https").String(), bare.Listener.Addr().String()
 	for _, c := range symmetricDifference(got.failed, want.failed) {
-		edge, netHTTP := e.Addr("https").String(), bare.Listener.Addr().String()
 		rerun := func(onEdge bool) bool {
 			if onEdge {
 				return h2specFails(t, bin, edge, c)
 			}
 			return h2specFails(t, bin, netHTTP, c)
 		}
-		if steadyDifference(rerun, slices.Contains(got.failed, c)) {
-			t.Errorf("h2spec %s: the edge %s, net/http %s, each of %d times", c, failsOrPasses(slices.Contains(got.failed, c)),
-				failsOrPasses(!slices.Contains(got.failed, c)), h2specReruns+1)
+		edgeFailed := slices.Contains(got.failed, c)
+		if steadyDifference(rerun, edgeFailed) {
+			t.Errorf("h2spec %s: the edge %s, net/http %s, each of %d times", c, failsOrPasses(edgeFailed),
+				failsOrPasses(!edgeFailed), h2specReruns+1)
 		}
 	}
 }
@@ -125,13 +126,7 @@ func TestSteadyDifference(t *testing.T) {
 	}
 }
 
-func repeat(failed bool) []bool {
-	out := make([]bool, h2specReruns)
-	for i := range out {
-		out[i] = failed
-	}
-	return out
-}
+func repeat(failed bool) []bool { return slices.Repeat([]bool{failed}, h2specReruns) }
 
 func failsOrPasses(failed bool) string {
 	if failed {

@@ -363,8 +363,7 @@ func (c *certmagicMode) attempt(ctx context.Context, magic *certmagic.Config, na
 		return // closing
 	}
 	if err != nil {
-		e := c.book.fail(name, kind, err, time.Now())
-		c.counts.failure(kind, e.Reason)
+		e := c.book.failed(c.counts, name, kind, err, time.Now())
 		c.logFailure(name, kind, e)
 		return
 	}
@@ -473,8 +472,7 @@ func (c *certmagicMode) onEvent(ctx context.Context, event string, data map[stri
 		if err == nil {
 			err = errors.New("unknown error")
 		}
-		e := c.book.fail(name, kind, err, time.Now())
-		c.counts.failure(kind, e.Reason)
+		e := c.book.failed(c.counts, name, kind, err, time.Now())
 		c.log.Warn("could not obtain on-demand certificate", "name", name, "kind", kind, "reason", e.Reason, "err", e.Error,
 			"failures", e.Failures, "next_attempt", e.NextAttempt.UTC().Format(time.RFC3339))
 	case "cert_obtained":

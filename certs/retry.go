@@ -164,6 +164,15 @@ func (b *retryBook) fail(name, kind string, err error, now time.Time) retryEntry
 	return *e
 }
 
+// failed counts a failed attempt for name in counts, then books it: the
+// count comes first, so whoever sees the failure in Status finds it in
+// Stats too.
+func (b *retryBook) failed(counts *counters, name, kind string, err error, now time.Time) retryEntry {
+	reason, _ := failureReason(err)
+	counts.failure(kind, reason)
+	return b.fail(name, kind, err, now)
+}
+
 // succeed forgets name's failures.
 func (b *retryBook) succeed(name string, now time.Time) {
 	b.mu.Lock()

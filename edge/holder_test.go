@@ -3,7 +3,6 @@ package edge_test
 import (
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
@@ -53,7 +52,7 @@ func testEvictedNamesTheHolder(t *testing.T, store string) {
 	// The holder goes; an agent of another token takes the name, and the
 	// holder, back, is refused it without a word of the agent that has it.
 	second.YS.Close()
-	tunneltest.Eventually(t, 5*time.Second, "the holder's session to end", func() bool { return e.Sessions() == 1 })
+	waitSessions(t, e, cfg, 1)
 	taker := &mux.Hello{Version: mux.Version, InstanceID: agent.NewInstanceID(), Token: "beta"}
 	takerRaw := dialBound(t, e, taker, "named")
 	if by := refusedBy(t, e, mine, "named", takerRaw.YS.LocalAddr().String(), taker.InstanceID); by == nil || *by != (mux.Holder{OtherToken: true}) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -71,14 +72,7 @@ func TestHelloThenVanish(t *testing.T) {
 			if slow != nil {
 				slow.DelayExisting(0)
 			}
-			tunneltest.Eventually(t, 10*time.Second, "one session left", func() bool { return e.Sessions() == 1 })
-			if cfg.Cluster != nil {
-				etcd := cfg.Cluster.Store.(*registry.Etcd)
-				tunneltest.Eventually(t, 10*time.Second, "one session left in etcd", func() bool {
-					ss, err := etcd.Sessions(context.Background())
-					return err == nil && len(ss) == 1
-				})
-			}
+			waitSessions(t, e, cfg, 1)
 			for _, name := range []string{"second", "third"} {
 				ac := e.AgentConfig("", b.Addr())
 				ac.Token, ac.Subdomain = "three", name
@@ -87,6 +81,21 @@ func TestHelloThenVanish(t *testing.T) {
 			if n := e.Sessions(); n != 3 {
 				t.Fatalf("%d sessions, want 3", n)
 			}
+		})
+	}
+}
+
+// waitSessions waits until e has n sessions and, in a cluster, etcd has n
+// too: an edge forgets an ended session before it tells etcd, and until
+// then a bind ruled on etcd sees the session's holder alive.
+func waitSessions(t *testing.T, e *tunneltest.Edge, cfg edge.Config, n int) {
+	t.Helper()
+	tunneltest.Eventually(t, 10*time.Second, fmt.Sprintf("%d sessions left", n), func() bool { return e.Sessions() == n })
+	if cfg.Cluster != nil {
+		etcd := cfg.Cluster.Store.(*registry.Etcd)
+		tunneltest.Eventually(t, 10*time.Second, fmt.Sprintf("%d sessions left in etcd", n), func() bool {
+			ss, err := etcd.Sessions(context.Background())
+			return err == nil && len(ss) == n
 		})
 	}
 }

@@ -53,8 +53,12 @@ func (c *testCluster) startWith(name string, endpoints []string, etcd func(*regi
 	if endpoints == nil {
 		endpoints = etcdtest.Endpoints(t)
 	}
+	// A 6 s lease, as tunneltest.UseStore's: a node gives its lease up
+	// after two thirds of it without an answered renewal, which a 2 s
+	// lease met on a loaded machine under -race. The tests of a lost
+	// lease shorten it themselves.
 	ec := registry.EtcdConfig{Endpoints: endpoints, Prefix: c.prefix, Node: name,
-		LeaseTTL: 2 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: 500 * time.Millisecond, RouteStaleness: time.Second,
+		LeaseTTL: 6 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: time.Second, RouteStaleness: time.Second,
 		Log: tunneltest.Logger().With("side", name)}
 	if etcd != nil {
 		etcd(&ec)
@@ -247,7 +251,7 @@ func TestClusterReconnectToOtherEdge(t *testing.T) {
 func TestClusterKilledEdge(t *testing.T) {
 	c := newTestCluster(t)
 	cli, etcdPath := etcdProxy(t)
-	a := c.start("a", cli, nil)
+	a := c.startWith("a", cli, func(ec *registry.EtcdConfig) { ec.LeaseTTL, ec.CallTimeout = 2*time.Second, 500*time.Millisecond }, nil)
 	b := c.start("b", nil, nil)
 	t.Cleanup(etcdPath.Unblock) // before a's Close, so it can revoke quickly
 	first, second := tunneltest.StartBackend(t), tunneltest.StartBackend(t)
@@ -258,16 +262,21 @@ func TestClusterKilledEdge(t *testing.T) {
 	lb.Block()
 	killed := time.Now()
 	var took *tunneltest.Agent
-	tunneltest.Eventually(t, 10*time.Second, "another instance to bind app on b", func() bool {
+	tunneltest.Eventually(t, 20*time.Second, "another instance to bind app on b", func() bool {
 		ag := startClusterAgent(t, b, b.Addr("control").String(), second.Addr(), "app", instY)
-		select {
-		case <-ag.Done():
-			return false // refused: the holder on a is still live
-		case <-time.After(time.Second):
-		}
-		if ag.Status().State != agent.StateOnline {
-			ag.Stop()
-			return false
+		// Each try waits for its agent to be refused or online, 5 s at
+		// most: a dial and a bind through etcd can take a second on a
+		// loaded machine.
+		for deadline := time.Now().Add(5 * time.Second); ag.Status().State != agent.StateOnline; {
+			select {
+			case <-ag.Done():
+				return false // refused: the holder on a is still live
+			case <-time.After(10 * time.Millisecond):
+			}
+			if time.Now().After(deadline) {
+				ag.Stop()
+				return false
+			}
 		}
 		took = ag
 		return true

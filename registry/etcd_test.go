@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -226,7 +227,7 @@ func TestEtcdLeaseLost(t *testing.T) {
 	var ha hookLog
 	short := func(c *registry.EtcdConfig) { c.LeaseTTL, c.CallTimeout = 2*time.Second, 500*time.Millisecond }
 	a := startNode(t, []string{"http://" + proxy.Addr()}, prefix, "a", ha.hooks(), short)
-	b := startNode(t, cli, prefix, "b", registry.Hooks{}, short)
+	b := startNode(t, cli, prefix, "b", registry.Hooks{}) // the default lease: b must not lose its own
 	if _, err := openBind(t, a, claim(instA, 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -365,9 +366,13 @@ func TestEtcdSixteenNodesRace(t *testing.T) {
 func TestEtcdNodeNameInUse(t *testing.T) {
 	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	startNode(t, cli, prefix, "a", registry.Hooks{})
-	dup := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	// Start waits for the name's lease to expire until its context ends;
+	// the context ends once it has said it waits (not at a fixed time,
+	// which a loaded machine could reach before the name was even asked).
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	dup := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond,
+		Log: slog.New(cancelOn{"node name still registered", cancel})})
 	err := dup.Start(ctx, "a:7443", registry.Hooks{})
 	if err == nil {
 		dup.Close()
@@ -376,6 +381,23 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 	if !strings.Contains(err.Error(), "--node-name") {
 		t.Fatalf("error %q does not say which setting to change", err)
 	}
+}
+
+// cancelOn is a log handler that calls cancel at a record whose message
+// starts with msg.
+type cancelOn struct {
+	msg    string
+	cancel context.CancelFunc
+}
+
+func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h cancelOn) WithGroup(string) slog.Handler            { return h }
+func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+	if strings.HasPrefix(r.Message, h.msg) {
+		h.cancel()
+	}
+	return nil
 }
 
 // TestEtcdAuth: against an etcd with auth enabled, the store binds with a

@@ -138,7 +138,7 @@ func (a *autocertMode) getCertificate(hello *tls.ClientHelloInfo) (*tls.Certific
 // and visitors only see a TLS alert.
 func (a *autocertMode) failed(host string, err error) {
 	a.counts.attempt(KindObtain)
-	e := a.book.failed(a.counts, host, KindObtain, err, time.Now())
+	e := a.book.fail(a.counts, host, KindObtain, err, time.Now())
 	a.log.Warn("autocert could not obtain a certificate; handshakes for it are refused until the next attempt",
 		"host", host, "reason", e.Reason, "err", err, "failures", e.Failures, "next_attempt", e.NextAttempt.UTC().Format(time.RFC3339))
 }

@@ -363,7 +363,7 @@ func (c *certmagicMode) attempt(ctx context.Context, magic *certmagic.Config, na
 		return // closing
 	}
 	if err != nil {
-		e := c.book.failed(c.counts, name, kind, err, time.Now())
+		e := c.book.fail(c.counts, name, kind, err, time.Now())
 		c.logFailure(name, kind, e)
 		return
 	}
@@ -472,7 +472,7 @@ func (c *certmagicMode) onEvent(ctx context.Context, event string, data map[stri
 		if err == nil {
 			err = errors.New("unknown error")
 		}
-		e := c.book.failed(c.counts, name, kind, err, time.Now())
+		e := c.book.fail(c.counts, name, kind, err, time.Now())
 		c.log.Warn("could not obtain on-demand certificate", "name", name, "kind", kind, "reason", e.Reason, "err", e.Error,
 			"failures", e.Failures, "next_attempt", e.NextAttempt.UTC().Format(time.RFC3339))
 	case "cert_obtained":

@@ -144,9 +144,14 @@ func (b *retryBook) begin(name, kind string, now time.Time) {
 }
 
 // fail records a failed attempt ending now: the next is due after the
-// backoff, or after retryAfter if the CA asked for later.
-func (b *retryBook) fail(name, kind string, err error, now time.Time) retryEntry {
+// backoff, or after retryAfter if the CA asked for later. It counts the
+// failure in counts (nil: nowhere) first, so whoever sees the failure in
+// Status finds it in Stats too.
+func (b *retryBook) fail(counts *counters, name, kind string, err error, now time.Time) retryEntry {
 	reason, retryAfter := failureReason(err)
+	if counts != nil {
+		counts.failure(kind, reason)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e := b.entryLocked(name)
@@ -162,15 +167,6 @@ func (b *retryBook) fail(name, kind string, err error, now time.Time) retryEntry
 	}
 	b.saveLocked(now)
 	return *e
-}
-
-// failed counts a failed attempt for name in counts, then books it: the
-// count comes first, so whoever sees the failure in Status finds it in
-// Stats too.
-func (b *retryBook) failed(counts *counters, name, kind string, err error, now time.Time) retryEntry {
-	reason, _ := failureReason(err)
-	counts.failure(kind, reason)
-	return b.fail(name, kind, err, now)
 }
 
 // succeed forgets name's failures.

@@ -37,7 +37,7 @@ func attemptsDuring(b *retryBook, t0 time.Time, d time.Duration) int {
 	n := 0
 	for now := t0; now.Before(t0.Add(d)); {
 		b.begin("x", KindObtain, now)
-		b.fail("x", KindObtain, ErrDNSUnreachable, now)
+		b.fail(nil, "x", KindObtain, ErrDNSUnreachable, now)
 		n++
 		_, now = b.due("x", now)
 	}
@@ -52,7 +52,7 @@ func TestRetryBookPersists(t *testing.T) {
 	now := time.Now()
 	b := newRetryBook(path, time.Minute, time.Hour, "s1", testLogger(t))
 	b.begin("*.d.test", KindObtain, now)
-	b.fail("*.d.test", KindObtain, fmt.Errorf("x: %w", ErrDNSAuth), now)
+	b.fail(nil, "*.d.test", KindObtain, fmt.Errorf("x: %w", ErrDNSAuth), now)
 	b.begin("d.test", KindObtain, now) // killed mid-attempt
 
 	again := newRetryBook(path, time.Minute, time.Hour, "s1", testLogger(t))
@@ -91,12 +91,12 @@ func TestRetryAfterRateLimit(t *testing.T) {
 	later := now.Add(5 * time.Hour).Truncate(time.Second)
 	p := acme.Problem{Type: acme.ProblemTypeNamespace + "rateLimited", Status: 429,
 		Detail: "too many certificates (5) already issued for this exact set of identifiers in the last 168h0m0s, retry after " + later.Format("2006-01-02 15:04:05") + " UTC: see https://letsencrypt.org/docs/rate-limits/"}
-	e := b.fail("x", KindObtain, fmt.Errorf("obtain: %w", p), now)
+	e := b.fail(nil, "x", KindObtain, fmt.Errorf("obtain: %w", p), now)
 	if e.Reason != ReasonRateLimited || !e.NextAttempt.Equal(later) {
 		t.Errorf("rate limited: reason %s next %v, want %s %v", e.Reason, e.NextAttempt, ReasonRateLimited, later)
 	}
 	p.Detail = "slow down"
-	if e := b.fail("y", KindObtain, p, now); e.NextAttempt.Sub(now) < time.Hour {
+	if e := b.fail(nil, "y", KindObtain, p, now); e.NextAttempt.Sub(now) < time.Hour {
 		t.Errorf("rate limited without a time: next attempt in %v, want at least 1h", e.NextAttempt.Sub(now))
 	}
 }

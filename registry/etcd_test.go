@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,7 +114,8 @@ func (h *etcdNodes) List(ctx context.Context) ([]registry.Binding, error) {
 func startNode(t *testing.T, cli []string, prefix, name string, hooks registry.Hooks, tune ...func(*registry.EtcdConfig)) *registry.Etcd {
 	t.Helper()
 	cfg := registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: name,
-		LeaseTTL: 6 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: time.Second, RouteStaleness: time.Second}
+		LeaseTTL: 6 * time.Second, RetryInterval: 50 * time.Millisecond, CallTimeout: time.Second, RouteStaleness: time.Second,
+		Log: tunneltest.Logger().With("node", name)}
 	for _, f := range tune {
 		f(&cfg)
 	}
@@ -132,15 +134,22 @@ type hookLog struct {
 	mu        sync.Mutex
 	takenOver []registry.Binding
 	lost      int
+	lostErr   error // why the lease was lost, the last time
 	regained  int
 }
 
 func (h *hookLog) hooks() registry.Hooks {
 	return registry.Hooks{
 		TakenOver: func(b registry.Binding) { h.mu.Lock(); h.takenOver = append(h.takenOver, b); h.mu.Unlock() },
-		Lost:      func(error) { h.mu.Lock(); h.lost++; h.mu.Unlock() },
+		Lost:      func(err error) { h.mu.Lock(); h.lost, h.lostErr = h.lost+1, err; h.mu.Unlock() },
 		Regained:  func() { h.mu.Lock(); h.regained++; h.mu.Unlock() },
 	}
+}
+
+func (h *hookLog) lostError() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lostErr
 }
 
 func (h *hookLog) count(f func(*hookLog) int) int {
@@ -372,7 +381,7 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	dup := registry.NewEtcd(registry.EtcdConfig{Endpoints: cli, Prefix: prefix, Node: "a", LeaseTTL: time.Second, RetryInterval: 20 * time.Millisecond,
-		Log: slog.New(cancelOn{"node name still registered", cancel})})
+		Log: slog.New(onMessage{"node name still registered", cancel})})
 	err := dup.Start(ctx, "a:7443", registry.Hooks{})
 	if err == nil {
 		dup.Close()
@@ -383,19 +392,19 @@ func TestEtcdNodeNameInUse(t *testing.T) {
 	}
 }
 
-// cancelOn is a log handler that calls cancel at a record whose message
+// onMessage is a log handler that calls f at each record whose message
 // starts with msg.
-type cancelOn struct {
-	msg    string
-	cancel context.CancelFunc
+type onMessage struct {
+	msg string
+	f   func()
 }
 
-func (h cancelOn) Enabled(context.Context, slog.Level) bool { return true }
-func (h cancelOn) WithAttrs([]slog.Attr) slog.Handler       { return h }
-func (h cancelOn) WithGroup(string) slog.Handler            { return h }
-func (h cancelOn) Handle(_ context.Context, r slog.Record) error {
+func (h onMessage) Enabled(context.Context, slog.Level) bool { return true }
+func (h onMessage) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h onMessage) WithGroup(string) slog.Handler            { return h }
+func (h onMessage) Handle(_ context.Context, r slog.Record) error {
 	if strings.HasPrefix(r.Message, h.msg) {
-		h.cancel()
+		h.f()
 	}
 	return nil
 }
@@ -865,20 +874,17 @@ func TestEtcdLeaseOnSlowMembers(t *testing.T) {
 		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
 	}
 	var h hookLog
+	var answering atomic.Bool
 	a := startNode(t, eps, etcdtest.Prefix(t), "a", h.hooks(), func(c *registry.EtcdConfig) {
 		c.Username, c.Password = "root", "rootpw"
 		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 3*time.Second, 300*time.Millisecond, 600*time.Millisecond
+		c.Log = slog.New(onMessage{"cluster lease lane answered", func() { answering.Store(true) }})
 	})
-	// The node's lane has fetched its token once its connection is up:
-	// one link a path for the client's balancer, one for the watch, one
-	// for the lane.
-	eventually(t, "the node's watch and keep-alive lane to connect", func() bool {
-		n := 0
-		for _, p := range paths {
-			n += p.Links()
-		}
-		return n >= 5
-	})
+	// The node's lane has fetched its token and answered a renewal: one
+	// that was still opening when every path turned slow would fail, as
+	// every lane after it, and the lease go with them (as it did on a
+	// loaded machine, where the links were up before the lane was).
+	eventually(t, "the node's keep-alive lane to answer", answering.Load)
 	for _, p := range paths {
 		p.Slow(250 * time.Millisecond)
 		t.Cleanup(func() { p.Slow(0) }) // before the node closes, so that it revokes its lease
@@ -886,7 +892,7 @@ func TestEtcdLeaseOnSlowMembers(t *testing.T) {
 	slow := time.Now()
 	for time.Since(slow) < 6*time.Second {
 		if lost := h.count(func(h *hookLog) int { return h.lost }); lost != 0 || !a.Ready() {
-			t.Fatalf("%v into every path's slowness, the node lost its lease (%d times)", time.Since(slow).Round(time.Millisecond), lost)
+			t.Fatalf("%v into every path's slowness, the node lost its lease (%d times): %v", time.Since(slow).Round(time.Millisecond), lost, h.lostError())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -467,9 +467,13 @@ func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.T
 				a.lane.opened(a.st, lease)
 				break
 			}
+			first := !a.lane.heard
 			sent, err := a.lane.answered(a)
 			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 				return err
+			}
+			if err == nil && first {
+				s.log.Debug("cluster lease lane answered", "member", s.cfg.Endpoints[a.lane.member])
 			}
 			if err == nil && sent.After(*okSent) {
 				*okSent = sent

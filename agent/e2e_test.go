@@ -770,3 +770,42 @@ func TestVisitorLeavingCancelsLocalRequest(t *testing.T) {
 		})
 	}
 }
+
+// TestUpgradeWithInspector: with the inspector on (the CLI's default), an
+// upgraded connection crosses, and the inspector lists it once it closes:
+// its 101, the protocol, the bytes each way and how long it stayed open,
+// none of its data kept.
+func TestUpgradeWithInspector(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	cfg := e.AgentConfig("", b.Addr())
+	cfg.Subdomain = "ws"
+	cfg.InspectAddr = "127.0.0.1:0"
+	a := tunneltest.StartAgent(t, cfg)
+	a.WaitOnline(t)
+	start := time.Now()
+	tunneltest.UpgradeRoundTrip(t, e.Addr("http").String(), "ws")
+	open := time.Since(start)
+	var c agent.Capture
+	tunneltest.Eventually(t, 5*time.Second, "the upgraded exchange listed", func() bool {
+		l := a.Inspector().List()
+		if len(l) == 1 {
+			c = l[0]
+		}
+		return len(l) == 1
+	})
+	if c.Status != http.StatusSwitchingProtocols || c.Upgrade != "ngstone-test" || c.Code != "" {
+		t.Fatalf("capture: status %d upgrade %q code %q, want 101 ngstone-test", c.Status, c.Upgrade, c.Code)
+	}
+	if c.Request.Size != int64(len("ping\n")) || c.Response.Size != int64(len("echo: ping\n")) ||
+		len(c.Request.Body) != 0 || len(c.Response.Body) != 0 || c.Request.Truncated || c.Response.Truncated {
+		t.Errorf("bytes each way: request %d %q, response %d %q; want 5 and 11, none kept",
+			c.Request.Size, c.Request.Body, c.Response.Size, c.Response.Body)
+	}
+	if !strings.HasPrefix(c.Response.Head, "HTTP/1.1 101 Switching Protocols\r\n") || !strings.Contains(c.Response.Head, "Upgrade: ngstone-test") {
+		t.Errorf("response head: %q", c.Response.Head)
+	}
+	if c.Duration <= 0 || c.Duration > open+time.Second {
+		t.Errorf("duration %s, the connection was open for about %s", c.Duration, open)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
@@ -58,9 +59,14 @@ type Capture struct {
 	// the local server's trailers, or the agent's own answer when it
 	// answered the call itself (the local server down, a password asked
 	// for). Its bodies are kept as they came, not decoded.
-	GRPCStatus string  `json:"grpc_status,omitempty"`
-	Request    Message `json:"request"`
-	Response   Message `json:"response"`
+	GRPCStatus string `json:"grpc_status,omitempty"`
+	// Upgrade is the protocol a 101 switched the connection to
+	// (websocket); then Request.Size and Response.Size count the bytes
+	// that crossed each way after the switch, none of them kept, and
+	// Duration is how long the connection stayed open.
+	Upgrade  string  `json:"upgrade,omitempty"`
+	Request  Message `json:"request"`
+	Response Message `json:"response"`
 }
 
 // Message is one side of an exchange, as it crossed the agent: the head
@@ -120,6 +126,8 @@ type capBuf struct {
 	b     []byte
 	total int64
 	eof   bool // the body was read to its end
+	// upgraded counts what crosses an upgraded connection, keeping none.
+	upgraded atomic.Int64
 }
 
 func (c *capBuf) record(p []byte, eof bool) {
@@ -146,7 +154,7 @@ func (c *capBuf) message() Message {
 	if c.head == nil {
 		return Message{}
 	}
-	return Message{head: c.head, Body: bytes.Clone(c.b), Size: c.total, Truncated: !c.eof || c.total > int64(len(c.b))}
+	return Message{head: c.head, Body: bytes.Clone(c.b), Size: c.total + c.upgraded.Load(), Truncated: !c.eof || c.total > int64(len(c.b))}
 }
 
 // teeBody records what is read of a body.
@@ -166,6 +174,7 @@ func (t *teeBody) Read(p []byte) (int, error) {
 type capture struct {
 	req, resp capBuf
 	localResp *http.Response // for its trailers, once it has ended
+	upgrade   string         // the protocol a 101 switched to
 }
 
 // request records req, the request to the local service.
@@ -182,6 +191,12 @@ func (c *capture) response(resp *http.Response) {
 	c.localResp = resp
 	bodyless := resp.Body == nil || resp.Body == http.NoBody
 	c.resp.reset(responseHead(resp), bodyless)
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection's bytes are counted (upgradedBody), none kept.
+		c.upgrade = resp.Header.Get("Upgrade")
+		c.resp.record(nil, true)
+		return
+	}
 	if !bodyless {
 		resp.Body = &teeBody{ReadCloser: resp.Body, c: &c.resp}
 	}
@@ -288,6 +303,7 @@ func (in *Inspector) record(x *exchange, r *http.Request, path string) {
 	if x.t != nil {
 		c.Tunnel = x.t.name
 	}
+	c.Upgrade = x.cap.upgrade
 	if mux.IsGRPC(r) {
 		c.GRPCStatus = x.grpcStatus()
 	}

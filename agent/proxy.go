@@ -635,7 +635,39 @@ func (t upstreamTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 	if err == nil && x != nil && x.cap != nil {
 		x.cap.response(resp)
 	}
+	if err == nil && x != nil && resp.StatusCode == http.StatusSwitchingProtocols {
+		if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
+			resp.Body = &upgradedBody{ReadWriteCloser: rwc, x: x}
+		}
+	}
 	return resp, err
+}
+
+// upgradedBody is a 101 response's body, the connection to the local
+// service, left writable as the reverse proxy needs it. Its first read
+// comes once the 101 went to the edge, which is when the exchange's status
+// is set; what crosses it is counted for the inspector, not kept.
+type upgradedBody struct {
+	io.ReadWriteCloser
+	x    *exchange
+	once sync.Once
+}
+
+func (u *upgradedBody) Read(p []byte) (int, error) {
+	u.once.Do(func() { u.x.status.CompareAndSwap(0, http.StatusSwitchingProtocols) })
+	n, err := u.ReadWriteCloser.Read(p)
+	if u.x.cap != nil {
+		u.x.cap.resp.upgraded.Add(int64(n))
+	}
+	return n, err
+}
+
+func (u *upgradedBody) Write(p []byte) (int, error) {
+	n, err := u.ReadWriteCloser.Write(p)
+	if u.x.cap != nil {
+		u.x.cap.req.upgraded.Add(int64(n))
+	}
+	return n, err
 }
 
 // roundTrip sends req once, refusing a response that was there before the

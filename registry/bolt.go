@@ -6,9 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
+	"os/user"
+	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -67,8 +73,10 @@ type boltRecord struct {
 
 // OpenBolt opens (or creates) the store at path; live answers rule 2
 // versus rule 3 as for Memory. A file that is not a registry is an error
-// naming it (ErrNotRegistry), never overwritten; a file another process
-// holds is an error after a second.
+// naming it (ErrNotRegistry), never overwritten; one this process may not
+// read and write, or cannot create, an error that matches fs.ErrPermission
+// (a valid registry of another user's is no foreign file to move away); a
+// file another process holds is an error after a second.
 func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
 	defer func() {
 		// bbolt trusts its pages: a damaged one can make it panic.
@@ -80,6 +88,8 @@ func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
 	switch {
 	case errors.Is(err, berrors.ErrTimeout):
 		return nil, fmt.Errorf("registry %s: another process (an edge on the same --data-dir?) holds it", path)
+	case errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.EROFS):
+		return nil, accessError(path, err)
 	case err != nil:
 		return nil, fmt.Errorf("registry %s: %w: %v (move it away to start with an empty registry)", path, ErrNotRegistry, err)
 	}
@@ -89,6 +99,24 @@ func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// accessError says why the registry at path could not be opened for
+// writing (err) and what to do: for an existing file, give the edge's user
+// access to it; for none, to its directory.
+func accessError(path string, err error) error {
+	who := "uid " + strconv.Itoa(os.Geteuid())
+	if u, uerr := user.Current(); uerr == nil {
+		who = fmt.Sprintf("user %s (uid %s)", u.Username, u.Uid)
+	}
+	if _, serr := os.Lstat(path); serr == nil {
+		return fmt.Errorf("registry %s: the edge, running as %s, may not read and write it: %w; "+
+			"the file is left as it was (it holds who owns each name): give that user read and write access to it "+
+			"(chown or chmod, or mount it read-write) or run the edge as its owner", path, who, err)
+	}
+	return fmt.Errorf("registry %s: the edge, running as %s, cannot create it: %w; "+
+		"make the directory %s writable by that user (chown or chmod), or point --data-dir at one it can write",
+		path, who, err, filepath.Dir(path))
 }
 
 // load checks the file (its format and its pages) and reads every

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -156,6 +158,60 @@ func TestBoltHeldByAnother(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "another process") || time.Since(start) > 10*time.Second {
 		t.Fatalf("second open: %v after %s", err, time.Since(start))
 	}
+}
+
+// TestBoltRefusesWhatItMayNotWrite: a registry the edge may not open for
+// writing (a read-only file, or no file and a directory it may not write)
+// stops the open with a permission error naming the file and saying what
+// to do, never ErrNotRegistry, whose advice (move it away) would forget
+// every owner of a valid one; the file is left as it was.
+func TestBoltRefusesWhatItMayNotWrite(t *testing.T) {
+	valid := filepath.Join(t.TempDir(), "registry.db")
+	s := openBolt(t, valid)
+	s.Bind(context.Background(), registry.Claim{Hostname: "a.example.com", InstanceID: "ia", SessionID: 1})
+	s.Close()
+	before, _ := os.ReadFile(valid)
+	readOnly(t, valid)
+	dir := t.TempDir()
+	readOnly(t, dir)
+	for name, c := range map[string]struct{ path, hint string }{
+		"a read-only registry":           {valid, "chown"},
+		"none, in a read-only directory": {filepath.Join(dir, "registry.db"), dir},
+	} {
+		_, err := registry.OpenBolt(c.path, nil)
+		switch {
+		case err == nil:
+			t.Errorf("%s: opened", name)
+		case errors.Is(err, registry.ErrNotRegistry) || strings.Contains(err.Error(), "move it away"):
+			t.Errorf("%s: %v, want a permission error, not a foreign file", name, err)
+		case !errors.Is(err, fs.ErrPermission) || !strings.Contains(err.Error(), c.path) || !strings.Contains(err.Error(), c.hint):
+			t.Errorf("%s: %v, want fs.ErrPermission naming %s and %q", name, err, c.path, c.hint)
+		}
+	}
+	if after, _ := os.ReadFile(valid); !bytes.Equal(after, before) {
+		t.Error("the read-only registry was changed")
+	}
+}
+
+// readOnly makes path read-only to this process until the test ends: by
+// its mode, or for root, which modes do not stop, by the immutable flag.
+func readOnly(t *testing.T, path string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(path, st.Mode().Perm()&0o555); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(path, st.Mode().Perm()) })
+		return
+	}
+	if out, err := exec.Command("chattr", "+i", path).CombinedOutput(); err != nil {
+		t.Skipf("root, and no immutable flag for %s (chattr: %v %s)", path, err, out)
+	}
+	t.Cleanup(func() { exec.Command("chattr", "-i", path).Run() })
 }
 
 // BenchmarkBind measures one bind (a takeover by the same instance, as a

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -43,7 +44,9 @@ Precedence: flags, environment, file, defaults.`,
 			return withCode(exitUsage, err)
 		}
 		if cfg.Cluster == nil {
-			keepRegistry(&cfg, log)
+			if err := keepRegistry(&cfg); err != nil {
+				return withCode(exitError, err)
+			}
 		}
 		e, err := edge.New(cfg, log)
 		if err != nil {
@@ -80,26 +83,16 @@ func joinCluster(cfg *edge.Config, loader *config.Edge, log *slog.Logger) error 
 const registryFile = "registry.db"
 
 // keepRegistry has an edge that runs alone keep its bindings in --data-dir,
-// so that a restart forgets no name's owner; where the directory cannot be
-// written, they are kept in memory, and the edge says so.
-func keepRegistry(cfg *edge.Config, log *slog.Logger) {
+// so that a restart forgets no name's owner. The edge opens the file as it
+// starts: one it may not read and write, or cannot create, stops it there,
+// never a fallback to memory that a restart would forget.
+func keepRegistry(cfg *edge.Config) error {
 	dir := cfg.TLS.DataDir
-	if err := os.MkdirAll(dir, 0o700); err == nil && writable(dir) {
-		cfg.RegistryFile = filepath.Join(dir, registryFile)
-		return
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("data-dir %s: %w (the edge keeps its registry there)", dir, err)
 	}
-	log.Warn("data-dir is not writable: bindings are kept in memory, and an edge restart forgets their owners", "data_dir", dir)
-}
-
-// writable reports whether a file can be created in dir.
-func writable(dir string) bool {
-	f, err := os.CreateTemp(dir, ".ngstone-write-test-*")
-	if err != nil {
-		return false
-	}
-	f.Close()
-	os.Remove(f.Name())
-	return true
+	cfg.RegistryFile = filepath.Join(dir, registryFile)
+	return nil
 }
 
 // reloadOnHUP reloads file certificates on SIGHUP until the returned stop.

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -80,20 +81,31 @@ func parseHeaderRules(c Tunnel) (*headerRules, error) {
 	return r, nil
 }
 
-// request applies the request rules: removals, then additions.
-func (r *headerRules) request(h http.Header) {
+// request applies the request rules to out, the request to the local
+// service: to its head, and to the trailers it declares (mux.PassTrailers
+// copies only those), so that a field a rule sets or removes does not
+// arrive as a trailer either.
+func (r *headerRules) request(out *http.Request) {
 	if r == nil {
 		return
 	}
-	apply(h, r.reqDel, r.reqAdd)
+	apply(out.Header, r.reqDel, r.reqAdd)
+	dropRuled(out.Trailer, r.reqDel, r.reqAdd)
 }
 
-// response applies the response rules.
-func (r *headerRules) response(h http.Header) {
+// response applies the response rules to resp: to its head, to the
+// trailers it declares, and to those that arrive after its body (the
+// reverse proxy passes those on, declared or not). An upgrade's body is the
+// connection itself, and is left alone.
+func (r *headerRules) response(resp *http.Response) {
 	if r == nil {
 		return
 	}
-	apply(h, r.respDel, r.respAdd)
+	apply(resp.Header, r.respDel, r.respAdd)
+	dropRuled(resp.Trailer, r.respDel, r.respAdd)
+	if resp.Body != nil && resp.Body != http.NoBody && resp.StatusCode != http.StatusSwitchingProtocols {
+		resp.Body = &ruledTrailers{ReadCloser: resp.Body, resp: resp, r: r}
+	}
 }
 
 // apply removes the fields del names, then sets those add gives: a field
@@ -101,13 +113,37 @@ func (r *headerRules) response(h http.Header) {
 // a request), so that the local service can trust what a rule set; rules
 // for one name add a value each.
 func apply(h http.Header, del []string, add [][2]string) {
+	dropRuled(h, del, add)
+	for _, kv := range add {
+		h.Add(kv[0], kv[1])
+	}
+}
+
+// dropRuled drops from h every field a rule of del or add names.
+func dropRuled(h http.Header, del []string, add [][2]string) {
+	if len(h) == 0 {
+		return
+	}
 	for _, k := range del {
 		delete(h, k)
 	}
 	for _, kv := range add {
 		delete(h, kv[0])
 	}
-	for _, kv := range add {
-		h.Add(kv[0], kv[1])
+}
+
+// ruledTrailers is a response body that drops the response rules' fields
+// from the trailers that came after it, once it ends.
+type ruledTrailers struct {
+	io.ReadCloser
+	resp *http.Response
+	r    *headerRules
+}
+
+func (b *ruledTrailers) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		dropRuled(b.resp.Trailer, b.r.respDel, b.r.respAdd)
 	}
+	return n, err
 }

@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"encoding/json"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -107,6 +108,75 @@ func TestHeaderRulesRefused(t *testing.T) {
 		_, err := agent.New(cfg, tunneltest.Logger())
 		if err == nil || !strings.Contains(err.Error(), c.mention) {
 			t.Errorf("%+v: %v, want refused mentioning %q", cfg.RequestHeaderAdd, err, c.mention)
+		}
+	}
+}
+
+// TestHeaderRulesCoverTrailers: a field a header rule sets or removes does
+// not cross as a trailer either, through a real edge over HTTP/1.1 and
+// HTTP/2: a visitor's chunked POST declaring X-Team, Cookie and
+// X-Auth-User as trailers delivers none of them to the local service
+// (where the rules set X-Team and X-Auth-User and remove Cookie), and the
+// local service's trailers of the response rules' fields (declared, or
+// sent undeclared) do not reach the visitor. Other trailers cross.
+func TestHeaderRulesCoverTrailers(t *testing.T) {
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		h := w.Header()
+		h.Set("Trailer", "Server, X-Version, X-Kept")
+		json.NewEncoder(w).Encode(map[string]http.Header{"header": r.Header, "trailer": r.Trailer})
+		h.Set("Server", "local/1.0")
+		h.Set("X-Version", "local's")
+		h.Set("X-Kept", "kept")
+		h.Set(http.TrailerPrefix+"X-Powered-By", "php")
+	}))
+	t.Cleanup(local.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "trailers"
+	ac.RequestHeaderAdd = []string{"X-Team: blue", "X-Auth-User: from-the-agent"}
+	ac.RequestHeaderRemove = []string{"Cookie"}
+	ac.ResponseHeaderAdd = []string{"X-Version: 2"}
+	ac.ResponseHeaderRemove = []string{"Server", "X-Powered-By"}
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+		url    string
+	}{
+		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "trailers", "/")},
+		{"HTTP/2", e.Client(), tunneltest.URL("https", "trailers", "/")},
+	} {
+		body := io.MultiReader(strings.NewReader("a body of unknown length")) // sent chunked
+		req, _ := http.NewRequest("POST", c.url, body)
+		req.Trailer = http.Header{"X-Team": {"red"}, "Cookie": {"session=1"}, "X-Auth-User": {"admin"}, "X-Sum": {"5"}}
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var got map[string]http.Header
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for k, want := range map[string][]string{"X-Team": nil, "Cookie": nil, "X-Auth-User": nil, "X-Sum": {"5"}} {
+			if !slices.Equal(got["trailer"][k], want) {
+				t.Errorf("%s: the local service got the trailer %s %q, want %q", c.name, k, got["trailer"][k], want)
+			}
+		}
+		if h := got["header"]; !slices.Equal(h["X-Team"], []string{"blue"}) || !slices.Equal(h["X-Auth-User"], []string{"from-the-agent"}) || h["Cookie"] != nil {
+			t.Errorf("%s: the local service's head %v, want the rules' X-Team and X-Auth-User and no Cookie", c.name, h)
+		}
+		for k, want := range map[string][]string{"Server": nil, "X-Version": nil, "X-Powered-By": nil, "X-Kept": {"kept"}} {
+			if !slices.Equal(resp.Trailer[k], want) {
+				t.Errorf("%s: the visitor got the trailer %s %q, want %q", c.name, k, resp.Trailer[k], want)
+			}
+		}
+		if !slices.Equal(resp.Header["X-Version"], []string{"2"}) {
+			t.Errorf("%s: the visitor's X-Version %q, want the rule's", c.name, resp.Header["X-Version"])
 		}
 	}
 }

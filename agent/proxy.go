@@ -496,7 +496,7 @@ func (t *tunnel) rewrite(pr *httputil.ProxyRequest) {
 		}
 	}
 	mux.PassTrailers(pr.Out, pr.In)
-	t.headers.request(pr.Out.Header)
+	t.headers.request(pr.Out)
 	if pr.Out.Body != nil && pr.Out.Body != http.NoBody {
 		// The transport sends a request again on a new connection when
 		// nothing of it was written (a pooled connection found closed, or
@@ -520,7 +520,7 @@ func (t *tunnel) modifyResponse(resp *http.Response) error {
 	if resp.StatusCode < 100 || resp.StatusCode > 599 {
 		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
 	}
-	t.headers.response(resp.Header)
+	t.headers.response(resp)
 	return nil
 }
 

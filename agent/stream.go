@@ -429,7 +429,7 @@ func (t *tunnel) outgoing(ctx context.Context, r *http.Request, body *ownBody) *
 		out.Body = body
 	}
 	mux.PassTrailers(out, r)
-	t.headers.request(out.Header)
+	t.headers.request(out)
 	if _, ok := out.Header["User-Agent"]; !ok {
 		out.Header["User-Agent"] = noUserAgent
 	}

@@ -13,8 +13,9 @@ import (
 
 // headerRules are the --request-header-* and --response-header-* rules.
 type headerRules struct {
-	reqAdd, respAdd [][2]string // canonical name, value
-	reqDel, respDel []string    // canonical names
+	reqAdd, respAdd     [][2]string // canonical name, value
+	reqDel, respDel     []string    // canonical names
+	reqRuled, respRuled []string    // every name a rule of each side sets or removes
 }
 
 // framingFields describe how a message is carried, not what it says: no
@@ -34,7 +35,7 @@ func parseHeaderRules(c Tunnel) (*headerRules, error) {
 			return "", fmt.Errorf("%s %q: not a header field name", flag, name)
 		case mux.ForwardingField(k):
 			return "", fmt.Errorf("%s %s: the edge sets or drops the fields about the visitor (X-Forwarded-*, Forwarded, X-Real-Ip) and its own (Ngstone-*); no rule may change them", flag, k)
-		case framingFields[k]:
+		case framingFields[http.CanonicalHeaderKey(strings.ReplaceAll(k, "_", "-"))]:
 			return "", fmt.Errorf("%s %s: a field of the message's framing; no rule may change it", flag, k)
 		}
 		return k, nil
@@ -78,7 +79,16 @@ func parseHeaderRules(c Tunnel) (*headerRules, error) {
 	if len(r.reqAdd)+len(r.reqDel)+len(r.respAdd)+len(r.respDel) == 0 {
 		return nil, nil
 	}
+	r.reqRuled, r.respRuled = ruled(r.reqDel, r.reqAdd), ruled(r.respDel, r.respAdd)
 	return r, nil
+}
+
+func ruled(del []string, add [][2]string) []string {
+	out := append([]string(nil), del...)
+	for _, kv := range add {
+		out = append(out, kv[0])
+	}
+	return out
 }
 
 // request applies the request rules to out, the request to the local
@@ -89,8 +99,8 @@ func (r *headerRules) request(out *http.Request) {
 	if r == nil {
 		return
 	}
-	apply(out.Header, r.reqDel, r.reqAdd)
-	dropRuled(out.Trailer, r.reqDel, r.reqAdd)
+	apply(out.Header, r.reqRuled, r.reqAdd)
+	dropRuled(out.Trailer, r.reqRuled)
 }
 
 // response applies the response rules to resp: to its head, to the
@@ -101,49 +111,75 @@ func (r *headerRules) response(resp *http.Response) {
 	if r == nil {
 		return
 	}
-	apply(resp.Header, r.respDel, r.respAdd)
-	dropRuled(resp.Trailer, r.respDel, r.respAdd)
+	apply(resp.Header, r.respRuled, r.respAdd)
+	dropRuled(resp.Trailer, r.respRuled)
 	if resp.Body != nil && resp.Body != http.NoBody && resp.StatusCode != http.StatusSwitchingProtocols {
-		resp.Body = &ruledTrailers{ReadCloser: resp.Body, resp: resp, r: r}
+		resp.Body = &ruledTrailers{ReadCloser: resp.Body, resp: resp, ruled: r.respRuled}
 	}
 }
 
-// apply removes the fields del names, then sets those add gives: a field
-// a rule adds replaces any of that name already there (the visitor's, for
-// a request), so that the local service can trust what a rule set; rules
-// for one name add a value each.
-func apply(h http.Header, del []string, add [][2]string) {
-	dropRuled(h, del, add)
+// apply removes the fields the rules name (ruled: those removed and those
+// added), then sets those add gives: a field a rule adds replaces any of
+// that name already there (the visitor's, for a request), so that the
+// local service can trust what a rule set; rules for one name add a value
+// each.
+func apply(h http.Header, ruled []string, add [][2]string) {
+	dropRuled(h, ruled)
 	for _, kv := range add {
 		h.Add(kv[0], kv[1])
 	}
 }
 
-// dropRuled drops from h every field a rule of del or add names.
-func dropRuled(h http.Header, del []string, add [][2]string) {
-	if len(h) == 0 {
-		return
+// dropRuled drops from h every field named as one of ruled, in any
+// spelling sameField takes for it.
+func dropRuled(h http.Header, ruled []string) {
+	for k := range h {
+		for _, n := range ruled {
+			if sameField(k, n) {
+				delete(h, k)
+				break
+			}
+		}
 	}
-	for _, k := range del {
-		delete(h, k)
+}
+
+// sameField reports whether field names a and b are one name to a CGI or
+// WSGI server, which reads both as HTTP_ and the name upper-cased with '_'
+// for '-' (X_Team is X-Team there): equal but for case and '_' against '-'.
+func sameField(a, b string) bool {
+	if len(a) != len(b) {
+		return false
 	}
-	for _, kv := range add {
-		delete(h, kv[0])
+	for i := 0; i < len(a); i++ {
+		if foldField(a[i]) != foldField(b[i]) {
+			return false
+		}
 	}
+	return true
+}
+
+func foldField(c byte) byte {
+	switch {
+	case c == '_':
+		return '-'
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // ruledTrailers is a response body that drops the response rules' fields
 // from the trailers that came after it, once it ends.
 type ruledTrailers struct {
 	io.ReadCloser
-	resp *http.Response
-	r    *headerRules
+	resp  *http.Response
+	ruled []string
 }
 
 func (b *ruledTrailers) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	if err == io.EOF {
-		dropRuled(b.resp.Trailer, b.r.respDel, b.r.respAdd)
+		dropRuled(b.resp.Trailer, b.ruled)
 	}
 	return n, err
 }

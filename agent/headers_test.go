@@ -98,6 +98,8 @@ func TestHeaderRulesRefused(t *testing.T) {
 		{func(c *agent.Config) { c.RequestHeaderRemove = []string{"Host"} }, "Host"},
 		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"Content-Length: 5"} }, "Content-Length"},
 		{func(c *agent.Config) { c.ResponseHeaderRemove = []string{"Transfer-Encoding"} }, "Transfer-Encoding"},
+		{func(c *agent.Config) { c.RequestHeaderRemove = []string{"content_length"} }, "framing"},
+		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"Transfer_Encoding: gzip"} }, "framing"},
 		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"no colon"} }, "Name: value"},
 		{func(c *agent.Config) { c.RequestHeaderAdd = []string{"Bad Name: v"} }, "not a header field name"},
 		{func(c *agent.Config) { c.ResponseHeaderAdd = []string{"X-A: line\r\nX-B: injected"} }, "bytes a header may not"},
@@ -177,6 +179,68 @@ func TestHeaderRulesCoverTrailers(t *testing.T) {
 		}
 		if !slices.Equal(resp.Header["X-Version"], []string{"2"}) {
 			t.Errorf("%s: the visitor's X-Version %q, want the rule's", c.name, resp.Header["X-Version"])
+		}
+	}
+}
+
+// TestHeaderRulesUnderscoreSpellings: a field a rule sets or removes is
+// dropped in every spelling that CGI and WSGI servers read as its name
+// ('_' for '-', any case: X_Team is HTTP_X_TEAM as X-Team is), from the
+// head and the trailers, over HTTP/1.1 and HTTP/2; so are the local
+// service's spellings of the response rules' fields. Fields the rules do
+// not name keep their underscores.
+func TestHeaderRulesUnderscoreSpellings(t *testing.T) {
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		w.Header()["X_powered_by"] = []string{"php"}
+		w.Header()["X_Kept"] = []string{"kept"}
+		json.NewEncoder(w).Encode(map[string]http.Header{"header": r.Header, "trailer": r.Trailer})
+	}))
+	t.Cleanup(local.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", local.Listener.Addr().String())
+	ac.Subdomain = "underscores"
+	ac.RequestHeaderAdd = []string{"X-Team: blue"}
+	ac.RequestHeaderRemove = []string{"X-Secret"}
+	ac.ResponseHeaderRemove = []string{"X-Powered-By"}
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+
+	for _, c := range []struct {
+		name   string
+		client *http.Client
+		url    string
+	}{
+		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "underscores", "/")},
+		{"HTTP/2", e.Client(), tunneltest.URL("https", "underscores", "/")},
+	} {
+		req, _ := http.NewRequest("POST", c.url, io.MultiReader(strings.NewReader("chunked")))
+		req.Header["X_Team"] = []string{"red"}
+		req.Header["x_secret"] = []string{"s3cret"}
+		req.Header["X-SECRET"] = []string{"s3cret"}
+		req.Header["X_Visitor"] = []string{"kept"}
+		req.Trailer = http.Header{"X_team": {"green"}, "X_Sum": {"5"}}
+		resp, err := c.client.Do(req)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var got map[string]http.Header
+		err = json.NewDecoder(resp.Body).Decode(&got)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		for part, h := range got {
+			for k, v := range h {
+				if n := strings.ToLower(strings.ReplaceAll(k, "_", "-")); (n == "x-team" || n == "x-secret") && (k != "X-Team" || part != "header") {
+					t.Errorf("%s: the local service got the %s field %s %q beside the rules'", c.name, part, k, v)
+				}
+			}
+		}
+		if !slices.Equal(got["header"]["X-Team"], []string{"blue"}) || got["header"]["X_visitor"] == nil || got["trailer"]["X_sum"] == nil {
+			t.Errorf("%s: the local service got %v, want the rule's X-Team and the visitor's X_Visitor and X_Sum", c.name, got)
+		}
+		if resp.Header["X_powered_by"] != nil || resp.Header["X_kept"] == nil {
+			t.Errorf("%s: the visitor got %v, want X_Powered_By dropped and X_Kept kept", c.name, resp.Header)
 		}
 	}
 }

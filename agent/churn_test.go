@@ -27,7 +27,7 @@ import (
 // with the goroutines back to their level.
 func TestResetsUnderLoad(t *testing.T) {
 	b := tunneltest.StartBackend(t)
-	e := tunneltest.StartEdge(t, edgeConfig(t, "memory"))
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	p := newProxy(t, e)
 	ac := e.AgentConfig(p.Addr(), b.Addr())
 	ac.Subdomain = "churn"

@@ -157,10 +157,20 @@ const (
 	ProtocolHTTP2 = "http2"
 )
 
-// DefaultConfig returns the documented defaults of `ngstone http`.
+// DefaultInspectAddr is where the inspector listens by default; when its
+// port is taken the agent tries the next DefaultInspectPorts.
+const (
+	DefaultInspectAddr  = "127.0.0.1:4040"
+	DefaultInspectPorts = 9
+)
+
+// DefaultConfig returns the documented defaults of `ngstone http`: the
+// CLI's flags start from it, and so do the tests' agents.
 func DefaultConfig() Config {
 	return Config{
 		Tunnel:            DefaultTunnel(),
+		InspectAddr:       DefaultInspectAddr,
+		InspectPorts:      DefaultInspectPorts,
 		HeartbeatInterval: 15 * time.Second,
 		HeartbeatTimeout:  45 * time.Second,
 		DialTimeout:       10 * time.Second,
@@ -173,7 +183,7 @@ func DefaultConfig() Config {
 
 // DefaultTunnel returns a tunnel's documented defaults.
 func DefaultTunnel() Tunnel {
-	return Tunnel{UpstreamTimeout: 30 * time.Second, UpstreamDialTimeout: 5 * time.Second}
+	return Tunnel{UpstreamTimeout: 30 * time.Second, UpstreamDialTimeout: 5 * time.Second, UpstreamProtocol: ProtocolHTTP1}
 }
 
 func setDefault(v *time.Duration, def time.Duration) {

@@ -103,7 +103,7 @@ func TestLatency(t *testing.T) {
 	b := tunneltest.StartBackend(t)
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	p := tunneltest.StartFaultProxy(t, e.Addr("control").String())
-	cfg := e.AgentConfig(p.Addr(), b.Addr())
+	cfg := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	cfg.HeartbeatTimeout = 5 * time.Second
 	a := tunneltest.StartAgent(t, cfg)
 	if st := a.WaitOnline(t); st.Latency <= 0 {

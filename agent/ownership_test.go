@@ -26,8 +26,10 @@ func eachStore(t *testing.T, test func(t *testing.T, store string)) {
 	}
 }
 
+// edgeConfig is an edge on store with short timeouts, as the ownership
+// tests' agents (AgentConfigShortTimeouts) have.
 func edgeConfig(t *testing.T, store string) edge.Config {
-	cfg := tunneltest.EdgeConfig(t)
+	cfg := tunneltest.EdgeConfigShortTimeouts(t)
 	tunneltest.UseStore(t, &cfg, store)
 	return cfg
 }
@@ -77,7 +79,7 @@ func testPartitionGetsNameBack(t *testing.T, store string) {
 	cfg.HeartbeatTimeout = time.Minute // the edge will not notice the partition
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
-	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain = "part"
 	ac.HeartbeatTimeout = 300 * time.Millisecond
 	ac.DialTimeout = 500 * time.Millisecond
@@ -120,12 +122,12 @@ func TestDifferentAgentRefusedWhileLive(t *testing.T) {
 func testDifferentAgentRefusedWhileLive(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
 	e := tunneltest.StartEdge(t, edgeConfig(t, store))
-	first := e.AgentConfig("", b.Addr())
+	first := e.AgentConfigShortTimeouts("", b.Addr())
 	first.Subdomain = "taken"
 	a := tunneltest.StartAgent(t, first)
 	a.WaitOnline(t)
 	b2 := tunneltest.StartBackend(t)
-	ac := e.AgentConfig("", b2.Addr())
+	ac := e.AgentConfigShortTimeouts("", b2.Addr())
 	ac.Subdomain = "taken"
 	other := tunneltest.StartAgent(t, ac)
 	err := other.Err()
@@ -153,7 +155,7 @@ func testStaleHolderTakenOver(t *testing.T, store string) {
 	cfg.HeartbeatTimeout = 300 * time.Millisecond
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
-	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain = "stale"
 	ac.HeartbeatTimeout = time.Minute // frozen: it does not notice anything
 	old := tunneltest.StartAgent(t, ac)
@@ -164,7 +166,7 @@ func testStaleHolderTakenOver(t *testing.T, store string) {
 	tunneltest.Eventually(t, 5*time.Second, "the holder to be seen dead", func() bool {
 		return !tunnel(t, e, host).Online
 	})
-	nc := e.AgentConfig("", b.Addr())
+	nc := e.AgentConfigShortTimeouts("", b.Addr())
 	nc.Subdomain = "stale"
 	newer := tunneltest.StartAgent(t, nc)
 	st := newer.WaitOnline(t)
@@ -222,7 +224,7 @@ func testInFlightSurvivesTakeover(t *testing.T, store string) {
 	cfg.DrainTimeout = drain
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
-	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain = "flight"
 	ac.HeartbeatTimeout = 300 * time.Millisecond
 	ac.DrainTimeout = drain
@@ -270,7 +272,7 @@ func testRepeatedResets(t *testing.T, store string) {
 	b := tunneltest.StartBackend(t)
 	e := tunneltest.StartEdge(t, edgeConfig(t, store))
 	p := newProxy(t, e)
-	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain = "resets"
 	a := tunneltest.StartAgent(t, ac)
 	st := a.WaitOnline(t)
@@ -386,7 +388,7 @@ func testShownInstanceCannotTakeName(t *testing.T, store string) {
 	p := newProxy(t, e)
 	var logs bytes.Buffer
 	var mu sync.Mutex
-	ac := e.AgentConfig(p.Addr(), b.Addr())
+	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain, ac.Token, ac.LogRequests = "mine", "shared", true
 	a, err := agent.New(ac, slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) { mu.Lock(); logs.Write(p); mu.Unlock() }), nil)))
 	if err != nil {

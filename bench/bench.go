@@ -585,6 +585,7 @@ func (b *bench) idleTunnels() error {
 		var once sync.Once
 		cfg := agent.DefaultConfig()
 		cfg.Edge, cfg.RootCAs, cfg.Local, cfg.Subdomain = b.addrs["control"], b.ca, local, fmt.Sprintf("idle%04d", i)
+		cfg.InspectAddr = "" // thousands of agents in one process: one inspector is a process's
 		cfg.OnStatus = func(s agent.Status) {
 			if s.State == agent.StateOnline {
 				once.Do(func() { online.Add(1) })

@@ -39,7 +39,7 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.Duration("dial-timeout", d.DialTimeout, "bound on dialing the edge, TLS handshake, hello and bind")
 	fs.Duration("drain-timeout", d.DrainTimeout, "how long requests in flight may finish on a closing session")
 	fs.Bool("inspect", true, "serve the inspector (a web page of the last requests, their bodies, replay) and the local API (/api/tunnels) on --inspect-addr")
-	fs.String("inspect-addr", DefaultInspectAddr, "loopback HOST:PORT of the inspector and the local API; the default moves to the next free port up to 4049 when taken")
+	fs.String("inspect-addr", d.InspectAddr, "loopback HOST:PORT of the inspector and the local API; the default moves to the next free port up to 4049 when taken")
 	fs.Bool("console", true, "on a terminal, show the live status screen on stdout (false: log lines, as when stdout is not a terminal)")
 	fs.Duration("console-refresh", time.Second, "how often the console redraws what changes by itself (countdowns, rates)")
 	fs.MarkHidden("console-refresh")
@@ -64,13 +64,6 @@ func DefaultFile() (string, error) {
 	}
 	return filepath.Join(dir, "ngstone", "ngstone.yml"), nil
 }
-
-// DefaultInspectAddr is where the inspector listens unless told otherwise;
-// when its port is taken the agent tries the next, up to
-// DefaultInspectAddr's port + inspectPorts.
-const DefaultInspectAddr = "127.0.0.1:4040"
-
-const inspectPorts = 9
 
 // Console is how `ngstone http` shows its state on a terminal.
 type Console struct {
@@ -128,9 +121,9 @@ func (c *Agent) load() (agent.Config, Log, error) {
 	cfg.DialTimeout = e.dur(l, "dial-timeout")
 	cfg.DrainTimeout = e.dur(l, "drain-timeout")
 	cfg.LogRequests = e.boolean(l, "log-requests")
-	cfg.InspectAddr = l.string("inspect-addr")
-	if cfg.InspectAddr == DefaultInspectAddr {
-		cfg.InspectPorts = inspectPorts
+	// Only the default address moves on to the next ports when taken.
+	if cfg.InspectAddr = l.string("inspect-addr"); cfg.InspectAddr != agent.DefaultInspectAddr {
+		cfg.InspectPorts = 0
 	}
 	if !e.boolean(l, "inspect") {
 		cfg.InspectAddr, cfg.InspectPorts = "", 0

@@ -154,7 +154,7 @@ func (r *rig) agent(e int, sub, label string) *tunneltest.Agent {
 // (a lost lease's GoAway, an eviction) ends at once, whatever the timeout;
 // an edge that stops answering for a quarter of the fault is still seen.
 func (r *rig) agentOf(e int, sub, label, instance string) *tunneltest.Agent {
-	ac := r.edges[e].AgentConfig("", labelBackend(r.t, label))
+	ac := r.edges[e].AgentConfigShortTimeouts("", labelBackend(r.t, label))
 	ac.Subdomain, ac.InstanceID, ac.DialTimeout = sub, instance, 10*(faultTTL/10)
 	ac.HeartbeatInterval, ac.HeartbeatTimeout = faultTTL/40, faultLength/4
 	return tunneltest.StartAgent(r.t, ac)

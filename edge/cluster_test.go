@@ -64,7 +64,7 @@ func (c *testCluster) startWith(name string, endpoints []string, etcd func(*regi
 		etcd(&ec)
 	}
 	store := registry.NewEtcd(ec)
-	cfg := tunneltest.EdgeConfig(t)
+	cfg := tunneltest.EdgeConfigShortTimeouts(t)
 	cfg.TLS.DataDir = c.dataDir
 	cfg.Cluster = &edge.ClusterConfig{Store: store, Addr: "127.0.0.1:0", Key: clusterKey}
 	if tune != nil {
@@ -86,7 +86,7 @@ func controlProxy(t *testing.T, e *clusterEdge) *tunneltest.FaultProxy {
 
 func startClusterAgent(t testing.TB, e *clusterEdge, edgeAddr, local, sub, instance string) *tunneltest.Agent {
 	t.Helper()
-	ac := e.AgentConfig(edgeAddr, local)
+	ac := e.AgentConfigShortTimeouts(edgeAddr, local)
 	ac.Subdomain, ac.InstanceID = sub, instance
 	return tunneltest.StartAgent(t, ac)
 }
@@ -209,7 +209,7 @@ func TestClusterReconnectToOtherEdge(t *testing.T) {
 	a, b := c.start("a", nil, slow), c.start("b", nil, slow)
 	backend := tunneltest.StartBackend(t)
 	lb := controlProxy(t, a)
-	ac := a.AgentConfig(lb.Addr(), backend.Addr())
+	ac := a.AgentConfigShortTimeouts(lb.Addr(), backend.Addr())
 	ac.Subdomain, ac.InstanceID = "app", instX
 	ac.HeartbeatTimeout = 300 * time.Millisecond
 	ag := tunneltest.StartAgent(t, ac)
@@ -389,7 +389,7 @@ func TestClusterSixteenEdgesRace(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ac := e.AgentConfig("", backend.Addr())
+			ac := e.AgentConfigShortTimeouts("", backend.Addr())
 			ac.Subdomain, ac.InstanceID, ac.DialTimeout = "race", fmt.Sprintf("%032x", i+1), 5*time.Second
 			agents[i] = tunneltest.StartAgent(t, ac)
 		}()
@@ -568,7 +568,7 @@ func TestOwnHostnameRules(t *testing.T) {
 				c := newTestCluster(t)
 				a, b = c.start("a", nil, pol).Edge, c.start("b", nil, pol).Edge
 			} else {
-				cfg := tunneltest.EdgeConfig(t)
+				cfg := tunneltest.EdgeConfigShortTimeouts(t)
 				pol(&cfg)
 				a = tunneltest.StartEdge(t, cfg)
 				b = a
@@ -576,7 +576,7 @@ func TestOwnHostnameRules(t *testing.T) {
 			backend := tunneltest.StartBackend(t)
 			// run starts an agent for host on e, or through a path to it.
 			run := func(e *tunneltest.Edge, instance string, path ...string) *tunneltest.Agent {
-				ac := e.AgentConfig(strings.Join(path, ""), backend.Addr())
+				ac := e.AgentConfigShortTimeouts(strings.Join(path, ""), backend.Addr())
 				ac.Token, ac.Hostname, ac.InstanceID = "t", host, instance
 				return tunneltest.StartAgent(t, ac)
 			}
@@ -678,7 +678,7 @@ func lateRelease(t *testing.T, a, b *tunneltest.Edge, run func(*tunneltest.Edge,
 	bound func(string) edge.Tunnel, host string) {
 	t.Helper()
 	link, wlink := tunneltest.StartFaultProxy(t, b.Addr("control").String()), tunneltest.StartFaultProxy(t, b.Addr("control").String())
-	wc := b.AgentConfig(wlink.Addr(), tunneltest.StartBackend(t).Addr())
+	wc := b.AgentConfigShortTimeouts(wlink.Addr(), tunneltest.StartBackend(t).Addr())
 	wc.Token, wc.Subdomain = "t", "witness"
 	tunneltest.StartAgent(t, wc).WaitOnline(t)
 	witness := "witness." + tunneltest.Domain

@@ -38,10 +38,10 @@ func TestHelloThenVanish(t *testing.T) {
 			cfg := tunneltest.EdgeConfig(t)
 			cfg.TokenPolicies = []edge.TokenPolicy{{Token: "three", MaxSessions: 3}, {Token: "open"}}
 			cfg.AuthFailureLimit = 0
-			// The agent that stays must not miss a heartbeat while 200
-			// handshakes load the machine: its reconnect would count the
+			// The agent that stays keeps the default liveness (a 15 s
+			// heartbeat, 45 s to give up): it must not miss one while 200
+			// handshakes load the machine, or its reconnect would count the
 			// vanishing sessions against the token's limit.
-			cfg.HeartbeatTimeout = 20 * time.Second
 			var slow *tunneltest.FaultProxy
 			step := 200 * time.Microsecond // the vanishers' waits, in steps of
 			if store == "etcd" {
@@ -57,7 +57,6 @@ func TestHelloThenVanish(t *testing.T) {
 			b := tunneltest.StartBackend(t)
 			stay := e.AgentConfig("", b.Addr())
 			stay.Token, stay.Subdomain = "three", "stays"
-			stay.HeartbeatTimeout = 15 * time.Second
 			tunneltest.StartAgent(t, stay).WaitOnline(t)
 
 			if slow != nil {

@@ -181,18 +181,26 @@ const embeddedShutdown = 5 * time.Second
 // runs, or any free port when they are taken.
 var embeddedAddrs = map[string]string{"http": "127.0.0.1:8080", "https": "127.0.0.1:8443"}
 
+// embeddedEdgeConfig is the embedded edge's configuration: `ngstone edge`'s
+// defaults for the domain localhost, on loopback, with its CA in dataDir.
+func embeddedEdgeConfig(dataDir string) edge.Config {
+	cfg := edge.DefaultConfig()
+	cfg.Domain = "localhost"
+	cfg.HTTPAddr, cfg.HTTPSAddr = embeddedAddrs["http"], embeddedAddrs["https"]
+	cfg.ControlAddr = "127.0.0.1:0"
+	cfg.AdminAddr = ""
+	cfg.TLS.DataDir = dataDir
+	return cfg
+}
+
 func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error) {
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		dir = os.TempDir()
 	}
-	cfg := edge.DefaultConfig()
-	cfg.Domain = "localhost"
-	cfg.ControlAddr = "127.0.0.1:0"
-	cfg.AdminAddr = ""
-	cfg.TLS.DataDir = filepath.Join(dir, "ngstone")
-	cfg.HTTPAddr = freeOr(embeddedAddrs["http"])
-	cfg.HTTPSAddr = freeOr(embeddedAddrs["https"])
+	cfg := embeddedEdgeConfig(filepath.Join(dir, "ngstone"))
+	cfg.HTTPAddr = freeOr(cfg.HTTPAddr)
+	cfg.HTTPSAddr = freeOr(cfg.HTTPSAddr)
 	// Not "component": the edge's parts (certs) set their own.
 	e, err := edge.New(cfg, log.With("edge", "embedded"))
 	if err != nil {

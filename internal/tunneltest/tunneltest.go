@@ -33,8 +33,9 @@ func Logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
-// EdgeConfig returns an edge configuration on loopback ports with
-// millisecond-scale durations.
+// EdgeConfig returns what `ngstone edge --domain Domain` runs (the same
+// defaults: timeouts, windows, limits), on loopback ports and a data
+// directory of the test's own.
 func EdgeConfig(t testing.TB) edge.Config {
 	cfg := edge.DefaultConfig()
 	cfg.Domain = Domain
@@ -43,6 +44,15 @@ func EdgeConfig(t testing.TB) edge.Config {
 	cfg.ControlAddr = "127.0.0.1:0"
 	cfg.AdminAddr = "127.0.0.1:0"
 	cfg.TLS.DataDir = t.TempDir()
+	return cfg
+}
+
+// EdgeConfigShortTimeouts is EdgeConfig with the freshness window, drain,
+// hello and shutdown bounds cut to 2 s, for tests of liveness, takeover
+// and draining. Its agents want AgentConfigShortTimeouts: an agent on the
+// default 15 s heartbeat would look dead to it.
+func EdgeConfigShortTimeouts(t testing.TB) edge.Config {
+	cfg := EdgeConfig(t)
 	cfg.HeartbeatTimeout = 2 * time.Second
 	cfg.DrainTimeout = 2 * time.Second
 	cfg.HelloTimeout = 2 * time.Second
@@ -77,8 +87,9 @@ func StartEdge(t testing.TB, cfg edge.Config) *Edge {
 	return &Edge{Edge: e, Config: cfg, Roots: roots}
 }
 
-// AgentConfig returns an agent configuration for edge addr and local with
-// millisecond-scale durations.
+// AgentConfig returns what `ngstone http LOCAL --edge EDGE` runs (the same
+// defaults: inspector on, timeouts, windows), for edge addr (empty: e's
+// control address) and local.
 func (e *Edge) AgentConfig(edgeAddr, local string) agent.Config {
 	cfg := agent.DefaultConfig()
 	cfg.Edge = edgeAddr
@@ -87,6 +98,14 @@ func (e *Edge) AgentConfig(edgeAddr, local string) agent.Config {
 	}
 	cfg.Local = local
 	cfg.RootCAs = e.Roots
+	return cfg
+}
+
+// AgentConfigShortTimeouts is AgentConfig with millisecond-scale liveness
+// (a 50 ms heartbeat, given up after 1 s), 1 s dials and a 2 s drain, for
+// tests of reconnects, dead peers and takeovers.
+func (e *Edge) AgentConfigShortTimeouts(edgeAddr, local string) agent.Config {
+	cfg := e.AgentConfig(edgeAddr, local)
 	cfg.HeartbeatInterval = 50 * time.Millisecond
 	cfg.HeartbeatTimeout = time.Second
 	cfg.DialTimeout = time.Second
@@ -109,10 +128,16 @@ type Agent struct {
 	changed chan struct{}
 }
 
-// StartAgent runs an agent until the test ends (or Stop).
+// StartAgent runs an agent until the test ends (or Stop). An agent on the
+// default inspector address gets its inspector on a free loopback port.
 func StartAgent(t testing.TB, cfg agent.Config) *Agent {
 	t.Helper()
 	ta := &Agent{done: make(chan struct{}), changed: make(chan struct{})}
+	if cfg.InspectAddr == agent.DefaultInspectAddr {
+		// The same inspector on a free port: tests run side by side, and
+		// 4040-4049 are the user's (and the CLI tests' processes').
+		cfg.InspectAddr, cfg.InspectPorts = "127.0.0.1:0", 0
+	}
 	prev := cfg.OnStatus
 	cfg.OnStatus = func(s agent.Status) {
 		ta.mu.Lock()

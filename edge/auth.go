@@ -1,7 +1,6 @@
 package edge
 
 import (
-	"container/list"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
@@ -12,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/golang-lru/v2/simplelru"
 )
 
 // TokenPolicy is one agent token and what it may do (a --tokens-file entry).
@@ -121,8 +122,16 @@ type authLimiter struct {
 	window time.Duration
 
 	mu       sync.Mutex
-	failures lru[authFailures]
-	bans     lru[authBan]
+	failures *simplelru.LRU[string, *authFailures]
+	bans     *simplelru.LRU[string, *authBan]
+}
+
+// newAuthLimiter refuses an address after limit failures within window
+// (limit 0: never).
+func newAuthLimiter(limit int, window time.Duration) *authLimiter {
+	failures, _ := simplelru.NewLRU[string, *authFailures](maxAuthStates, nil)
+	bans, _ := simplelru.NewLRU[string, *authBan](maxAuthStates, nil)
+	return &authLimiter{limit: limit, window: window, failures: failures, bans: bans}
 }
 
 type authFailures struct {
@@ -173,8 +182,8 @@ func (l *authLimiter) banned(addr string, now time.Time) (until time.Time, answe
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	b := l.bans.get(limiterKey(addr))
-	if b == nil || !now.Before(b.until) {
+	b, ok := l.bans.Get(limiterKey(addr))
+	if !ok || !now.Before(b.until) {
 		return time.Time{}, false, false
 	}
 	if answer = now.Sub(b.answered) >= banAnswerEvery; answer {
@@ -192,16 +201,17 @@ func (l *authLimiter) fail(addr string, now time.Time) (banned bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	k := limiterKey(addr)
-	f := l.failures.get(k)
-	if f == nil || now.Sub(f.since) > l.window {
-		f = l.failures.put(k, authFailures{since: now})
+	f, ok := l.failures.Get(k)
+	if !ok || now.Sub(f.since) > l.window {
+		f = &authFailures{since: now}
+		l.failures.Add(k, f)
 	}
 	f.n++
 	if f.n < l.limit {
 		return false
 	}
-	l.failures.remove(k)
-	l.bans.put(k, authBan{until: now.Add(l.window)})
+	l.failures.Remove(k)
+	l.bans.Add(k, &authBan{until: now.Add(l.window)})
 	return true
 }
 
@@ -209,65 +219,15 @@ func (l *authLimiter) fail(addr string, now time.Time) (banned bool) {
 func (l *authLimiter) sweep(now time.Time) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.failures.drop(func(f *authFailures) bool { return now.Sub(f.since) > l.window })
-	l.bans.drop(func(b *authBan) bool { return !now.Before(b.until) })
+	drop(l.failures, func(f *authFailures) bool { return now.Sub(f.since) > l.window })
+	drop(l.bans, func(b *authBan) bool { return !now.Before(b.until) })
 }
 
-// lru is a map of at most maxAuthStates entries that forgets the least
-// recently put or got one when full.
-type lru[V any] struct {
-	m     map[string]*list.Element
-	order list.List // of *lruEntry[V], most recent first
-}
-
-type lruEntry[V any] struct {
-	key string
-	v   V
-}
-
-func (c *lru[V]) get(k string) *V {
-	e, ok := c.m[k]
-	if !ok {
-		return nil
-	}
-	c.order.MoveToFront(e)
-	return &e.Value.(*lruEntry[V]).v
-}
-
-func (c *lru[V]) put(k string, v V) *V {
-	if e, ok := c.m[k]; ok {
-		c.order.MoveToFront(e)
-		ent := e.Value.(*lruEntry[V])
-		ent.v = v
-		return &ent.v
-	}
-	if c.m == nil {
-		c.m = map[string]*list.Element{}
-	}
-	if len(c.m) >= maxAuthStates {
-		c.remove(c.order.Back().Value.(*lruEntry[V]).key)
-	}
-	ent := &lruEntry[V]{key: k, v: v}
-	c.m[k] = c.order.PushFront(ent)
-	return &ent.v
-}
-
-func (c *lru[V]) remove(k string) {
-	if e, ok := c.m[k]; ok {
-		c.order.Remove(e)
-		delete(c.m, k)
-	}
-}
-
-func (c *lru[V]) len() int { return len(c.m) }
-
-// drop removes the entries done reports true for.
-func (c *lru[V]) drop(done func(*V) bool) {
-	for e := c.order.Front(); e != nil; {
-		next := e.Next()
-		if ent := e.Value.(*lruEntry[V]); done(&ent.v) {
-			c.remove(ent.key)
+// drop removes the entries of c that done reports true for.
+func drop[V any](c *simplelru.LRU[string, *V], done func(*V) bool) {
+	for _, k := range c.Keys() {
+		if v, ok := c.Peek(k); ok && done(v) {
+			c.Remove(k)
 		}
-		e = next
 	}
 }

@@ -10,7 +10,7 @@ import (
 // (70,000 of them, past the limiter's tables), the tables stay within
 // their bound, and the addresses of one IPv6 /64 count as one.
 func TestAuthLimiterBounded(t *testing.T) {
-	l := authLimiter{limit: 5, window: time.Minute}
+	l := newAuthLimiter(5, time.Minute)
 	now := time.Now()
 	for range 5 {
 		l.fail("192.0.2.7:4000", now)
@@ -30,7 +30,7 @@ func TestAuthLimiterBounded(t *testing.T) {
 	if _, answer, _ := l.banned("192.0.2.7:5000", now.Add(1500*time.Millisecond)); answer {
 		t.Error("a banned address was told why twice within a second")
 	}
-	if n, m := l.failures.len(), l.bans.len(); n > maxAuthStates || m > maxAuthStates {
+	if n, m := l.failures.Len(), l.bans.Len(); n > maxAuthStates || m > maxAuthStates {
 		t.Fatalf("tables hold %d failures and %d bans, over %d", n, m, maxAuthStates)
 	}
 
@@ -45,7 +45,7 @@ func TestAuthLimiterBounded(t *testing.T) {
 	}
 
 	l.sweep(now.Add(2 * time.Minute))
-	if _, _, banned := l.banned("192.0.2.7:5000", now.Add(2*time.Minute)); banned || l.failures.len() != 0 || l.bans.len() != 0 {
-		t.Fatalf("after the window: banned %v, %d failures and %d bans kept", banned, l.failures.len(), l.bans.len())
+	if _, _, banned := l.banned("192.0.2.7:5000", now.Add(2*time.Minute)); banned || l.failures.Len() != 0 || l.bans.Len() != 0 {
+		t.Fatalf("after the window: banned %v, %d failures and %d bans kept", banned, l.failures.Len(), l.bans.Len())
 	}
 }

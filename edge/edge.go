@@ -52,7 +52,7 @@ type Edge struct {
 	// policies are the accepted tokens: --token ones unrestricted, then
 	// the --tokens-file entries. Empty means an open edge.
 	policies []*TokenPolicy
-	auth     authLimiter
+	auth     *authLimiter
 
 	nextSession atomic.Uint64
 
@@ -88,7 +88,7 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		sessions:  make(map[uint64]*session),
 		listeners: make(map[string]net.Listener),
 		done:      make(chan struct{}),
-		auth:      authLimiter{limit: cfg.AuthFailureLimit, window: cfg.AuthFailureWindow},
+		auth:      newAuthLimiter(cfg.AuthFailureLimit, cfg.AuthFailureWindow),
 	}
 	for _, t := range cfg.Tokens {
 		e.policies = append(e.policies, &TokenPolicy{Token: t})

@@ -476,11 +476,6 @@ func (t *tunnel) newProxy() *httputil.ReverseProxy {
 	}
 }
 
-// forwardedFields are the edge's X-Forwarded-* fields: the reverse proxy
-// drops them from the outgoing request, and the agent passes on the
-// edge's, which are the truth about the visitor.
-var forwardedFields = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
-
 // rewrite addresses the request to the local service, with the Host
 // --host-header asks for and the edge's X-Forwarded-* fields.
 func (t *tunnel) rewrite(pr *httputil.ProxyRequest) {
@@ -490,7 +485,7 @@ func (t *tunnel) rewrite(pr *httputil.ProxyRequest) {
 	if t.hostHeader != "" {
 		pr.Out.Host = t.hostHeader
 	}
-	for _, k := range forwardedFields {
+	for _, k := range mux.XForwarded {
 		if v := pr.In.Header[k]; len(v) > 0 {
 			pr.Out.Header[k] = v
 		}

@@ -204,9 +204,6 @@ func (e *Edge) newProxy(forwarded bool) http.Handler {
 	}
 }
 
-// forwardedFields are the fields the edge sets from what it saw.
-var forwardedFields = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
-
 // rewriteOutbound is the rule for what crosses the edge towards an agent,
 // on every path. The reverse proxy has already dropped the hop-by-hop
 // fields (RFC 9110, 7.6.1), those the Connection field names, and
@@ -226,7 +223,7 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 		}
 	}
 	if forwarded {
-		for _, k := range forwardedFields {
+		for _, k := range mux.XForwarded {
 			if v := in.Header[k]; len(v) > 0 {
 				out.Header[k] = v
 			}

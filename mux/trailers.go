@@ -41,6 +41,11 @@ func TrailerAllowed(k string) bool {
 	return httpguts.ValidTrailerHeader(k) && !ForwardingField(k)
 }
 
+// XForwarded are the fields the edge sets from what it saw of the visitor
+// (httputil.ProxyRequest.SetXForwarded's): the reverse proxy on each hop
+// drops them from what it sends, and the next hop passes the edge's on.
+var XForwarded = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
 // ForwardingField reports whether a field named k says where a request
 // came from: Forwarded, X-Forwarded-*, X-Real-Ip and Ngstone-*, also
 // spelled with '_' for '-' (which CGI-style servers read as the same

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -326,8 +325,8 @@ func (t Tunnel) validate() error {
 	}
 	for flag, list := range map[string][]string{"allow-cidr": t.AllowCIDR, "deny-cidr": t.DenyCIDR} {
 		for _, p := range list {
-			if _, err := netip.ParsePrefix(p); err != nil {
-				return fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", flag, p)
+			if _, err := mux.ParsePrefix(p); err != nil {
+				return fmt.Errorf("%s %q: %w", flag, p, err)
 			}
 		}
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"math/big"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -83,4 +84,30 @@ func selfSigned(t *testing.T) *tls.Config {
 		t.Fatal(err)
 	}
 	return &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, NextProtos: []string{mux.ALPN}}
+}
+
+// TestBindSendsMappedPrefixesUnmapped: prefixes in IPv4-mapped form go to
+// the edge as the IPv4 prefixes they mean, so that an edge that matches
+// them as written (which matched no visitor: a deny list let everyone in)
+// applies them all the same.
+func TestBindSendsMappedPrefixesUnmapped(t *testing.T) {
+	cfg := agent.DefaultConfig()
+	cfg.Subdomain = "app"
+	cfg.AllowCIDR = []string{"::ffff:10.0.0.0/104", "2001:db8::/32"}
+	cfg.DenyCIDR = []string{"::ffff:10.9.9.9/128"}
+	_, e := playEdge(t, cfg)
+	ctrl := e.ctrl
+	ctrl.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := mux.Read(ctrl); err != nil {
+		t.Fatal(err)
+	}
+	mux.Write(ctrl, &mux.HelloOK{SessionID: 1, Features: []string{mux.FeatureVisitorCIDR}})
+	m, err := mux.Read(ctrl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, ok := m.(*mux.Bind)
+	if !ok || !slices.Equal(b.AllowCIDR, []string{"10.0.0.0/8", "2001:db8::/32"}) || !slices.Equal(b.DenyCIDR, []string{"10.9.9.9/32"}) {
+		t.Fatalf("bind %+v, want allow 10.0.0.0/8 and 2001:db8::/32, deny 10.9.9.9/32", m)
+	}
 }

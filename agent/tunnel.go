@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // tunnel is one of the agent's public names and the local service behind
@@ -52,6 +54,9 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	if err != nil {
 		return nil, err
 	}
+	// An edge that matches a prefix in IPv4-mapped form as written lets
+	// every visitor past it: send the IPv4 prefix it means.
+	cfg.AllowCIDR, cfg.DenyCIDR = edgePrefixes(cfg.AllowCIDR), edgePrefixes(cfg.DenyCIDR)
 	t := &tunnel{a: a, cfg: cfg, name: cfg.Name, local: local, ask: cfg.Subdomain}
 	if t.name == "" {
 		t.name = commandLine
@@ -69,6 +74,17 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	t.hostHeader = hostHeader(cfg.HostHeader, local)
 	t.st = TunnelStatus{Name: t.name, Local: local.String(), State: TunnelConnecting}
 	return t, nil
+}
+
+// edgePrefixes is prefixes, which Validate checked, as the edge matches
+// them (mux.ParsePrefix).
+func edgePrefixes(prefixes []string) []string {
+	var out []string
+	for _, s := range prefixes {
+		p, _ := mux.ParsePrefix(s)
+		out = append(out, p.String())
+	}
+	return out
 }
 
 // wrap names the tunnel in err, when the agent has several.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // visitorAccess is who may reach one binding: the agent's --allow-cidr and
@@ -30,11 +32,11 @@ func parseAccess(allow, deny []string) (*visitorAccess, error) {
 		out  *[]netip.Prefix
 	}{{"allow-cidr", allow, &a.allow}, {"deny-cidr", deny, &a.deny}} {
 		for _, s := range list.in {
-			p, err := netip.ParsePrefix(s)
+			p, err := mux.ParsePrefix(s)
 			if err != nil {
-				return nil, fmt.Errorf("%s %q: want a prefix such as 192.0.2.0/24 or 2001:db8::/32", list.flag, s)
+				return nil, fmt.Errorf("%s %q: %w", list.flag, s, err)
 			}
-			*list.out = append(*list.out, p.Masked())
+			*list.out = append(*list.out, p)
 		}
 	}
 	return a, nil

@@ -216,19 +216,25 @@ func TestVisitorCIDRInCluster(t *testing.T) {
 	}
 }
 
-// TestVisitorCIDRRefusedBinds: prefixes the edge cannot read are refused
+// TestVisitorCIDRRefusedBinds: prefixes the edge cannot read, or that
+// are no prefix of either family (IPv4-mapped, under 96 bits), are refused
 // with the bind, by the agent before it connects and by the edge from a
 // hand-made bind.
 func TestVisitorCIDRRefusedBinds(t *testing.T) {
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	ac := e.AgentConfig("", "127.0.0.1:1")
-	ac.AllowCIDR = []string{"10.0.0.300/8"}
-	if _, err := agent.New(ac, tunneltest.Logger()); err == nil || !strings.Contains(err.Error(), "allow-cidr") {
-		t.Errorf("agent with a bad prefix: %v, want refused naming allow-cidr", err)
+	// A prefix in IPv4-mapped form of fewer than 96 bits reaches past the
+	// mapped addresses: it is no IPv4 prefix.
+	for _, p := range []string{"10.0.0.300/8", "::ffff:0.0.0.0/95", "::ffff:10.0.0.0/8"} {
+		ac.AllowCIDR = []string{p}
+		if _, err := agent.New(ac, tunneltest.Logger()); err == nil || !strings.Contains(err.Error(), "allow-cidr") {
+			t.Errorf("agent with the prefix %s: %v, want refused naming allow-cidr", p, err)
+		}
 	}
 	raw, _ := e.DialRaw(t, hello(""))
 	for _, bind := range []*mux.Bind{
 		{Subdomain: "x", DenyCIDR: []string{"not a prefix"}},
+		{Subdomain: "x", DenyCIDR: []string{"::ffff:0.0.0.0/80"}},
 		{Subdomain: "x", AllowCIDR: make([]string, 2000)},
 	} {
 		for i := range bind.AllowCIDR {
@@ -245,5 +251,38 @@ func TestVisitorCIDRRefusedBinds(t *testing.T) {
 		return cfg
 	}(), tunneltest.Logger()); err == nil || !strings.Contains(err.Error(), "proxy-protocol-from") {
 		t.Errorf("proxy protocol with no trusted source: %v, want refused naming proxy-protocol-from", err)
+	}
+}
+
+// TestVisitorCIDRMappedForm: a prefix written in IPv4-mapped form
+// (::ffff:127.0.0.3/128) means the IPv4 prefix (127.0.0.3/32), which the
+// edge matches the visitor's address against: a deny list in that form
+// keeps its visitor out (it let everyone in), and an allow list lets its
+// visitor in and no other (it kept everyone out).
+func TestVisitorCIDRMappedForm(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	b := tunneltest.StartBackend(t)
+	for name, set := range map[string]func(*agent.Config){
+		"deny":  func(c *agent.Config) { c.DenyCIDR = []string{"::ffff:127.0.0.3/128"} },
+		"allow": func(c *agent.Config) { c.AllowCIDR = []string{"::ffff:127.0.0.2/128"} },
+		"wide":  func(c *agent.Config) { c.DenyCIDR = []string{"::ffff:127.0.0.0/104"} },
+	} {
+		ac := e.AgentConfig("", b.Addr())
+		ac.Subdomain = name
+		set(&ac)
+		tunneltest.StartAgent(t, ac).WaitOnline(t)
+	}
+	for _, c := range []struct {
+		name, src string
+		want      int
+	}{
+		{"deny", "127.0.0.2", http.StatusOK}, {"deny", "127.0.0.3", http.StatusForbidden},
+		{"allow", "127.0.0.2", http.StatusOK}, {"allow", "127.0.0.3", http.StatusForbidden},
+		{"wide", "127.0.0.2", http.StatusForbidden},
+	} {
+		got, err := visitHeaders(visitorFrom(t, e, c.src, "", 0, false), tunneltest.URL("http", c.name, "/headers"))
+		if err != nil || got.status != c.want {
+			t.Errorf("%s from %s: %+v %v, want %d", c.name, c.src, got, err, c.want)
+		}
 	}
 }

@@ -26,3 +26,30 @@ func TestAccessZonedAddress(t *testing.T) {
 		t.Errorf("--allow-cidr fe80::/10 kept %s out", zoned)
 	}
 }
+
+// TestAccessMappedPrefixes: the prefixes of a bind in IPv4-mapped form, as
+// an agent that does not unmap them sends them, are the IPv4 prefixes they
+// mean, for the deny list and the allow list; one of fewer than 96 bits,
+// which reaches past the mapped addresses, refuses the bind.
+func TestAccessMappedPrefixes(t *testing.T) {
+	in, out := netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("11.0.0.1")
+	deny, err := parseAccess(nil, []string{"::ffff:10.0.0.0/104"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	allow, err := parseAccess([]string{"::ffff:10.0.0.0/104"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if deny.allows(in) || !deny.allows(out) {
+		t.Errorf("--deny-cidr ::ffff:10.0.0.0/104: %s let in %v, %s %v; want %s kept out alone", in, deny.allows(in), out, deny.allows(out), in)
+	}
+	if !allow.allows(in) || allow.allows(out) {
+		t.Errorf("--allow-cidr ::ffff:10.0.0.0/104: %s let in %v, %s %v; want %s let in alone", in, allow.allows(in), out, allow.allows(out), in)
+	}
+	for _, p := range []string{"::ffff:10.0.0.0/95", "::ffff:0:0/0"} {
+		if _, err := parseAccess(nil, []string{p}); err == nil {
+			t.Errorf("--deny-cidr %s accepted", p)
+		}
+	}
+}

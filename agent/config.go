@@ -319,8 +319,8 @@ func (t Tunnel) validate() error {
 		if t.Subdomain != "" {
 			return errors.New("hostname: give --subdomain or --hostname, not both")
 		}
-		if !validHostname(t.Hostname) {
-			return fmt.Errorf("hostname %q: want a DNS name such as app.example.org", t.Hostname)
+		if err := registry.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
+			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
 		}
 	}
 	for flag, list := range map[string][]string{"allow-cidr": t.AllowCIDR, "deny-cidr": t.DenyCIDR} {
@@ -350,20 +350,6 @@ func (t Tunnel) validate() error {
 
 // maxInspectPorts bounds the ports the agent tries for its inspector.
 const maxInspectPorts = 100
-
-// validHostname reports whether h is a DNS name of two labels or more.
-func validHostname(h string) bool {
-	h = strings.TrimSuffix(strings.ToLower(h), ".")
-	if len(h) > 253 || !strings.Contains(h, ".") || net.ParseIP(h) != nil {
-		return false
-	}
-	for label := range strings.SplitSeq(h, ".") {
-		if registry.ValidateSubdomain(label, nil) != nil {
-			return false
-		}
-	}
-	return true
-}
 
 // ParseLocal turns PORT, HOST:PORT or a URL into the local service's URL.
 func ParseLocal(s string) (*url.URL, error) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"strings"
 	"time"
 
@@ -50,8 +49,13 @@ func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access
 		s.log.Info("bind refused", "hostname", m.Hostname, "code", code)
 		return &mux.BindError{Hostname: m.Hostname, Code: code, Message: msg}
 	}
+	if err == nil {
+		err = registry.ValidateHostname(host) // an IP address too: it ends in a number, or has no dot
+	}
 	switch {
-	case err != nil || net.ParseIP(host) != nil || !strings.Contains(host, "."):
+	case errors.Is(err, registry.ErrInvalidHostname):
+		return refuse(mux.CodeInvalidName, err.Error()+": check --hostname")
+	case err != nil:
 		return refuse(mux.CodeInvalidName, fmt.Sprintf("%q is not a hostname such as app.example.org: check --hostname", m.Hostname))
 	case host == e.cfg.Domain || strings.HasSuffix(host, "."+e.cfg.Domain):
 		return refuse(mux.CodeInvalidName, fmt.Sprintf("%s is under the edge's own domain: ask for it with --subdomain", host))

@@ -110,3 +110,68 @@ func FuzzValidateSubdomain(f *testing.F) {
 		}
 	})
 }
+
+func TestValidateHostname(t *testing.T) {
+	for name, tt := range map[string]struct {
+		host string
+		ok   bool
+	}{
+		"two labels":            {"app.example", true},
+		"three labels":          {"app.example.org", true},
+		"digits first":          {"123.example.org", true},
+		"hex first":             {"0x7f.example.org", true},
+		"digits and letters":    {"app.b1", true},
+		"not hex":               {"app.0xg", true},
+		"253 characters":        {strings.Repeat("a.", 126) + "a", true},
+		"one label":             {"localhost", false},
+		"254 characters":        {strings.Repeat("a.", 126) + "ab", false},
+		"empty label":           {"app..org", false},
+		"trailing dot":          {"app.org.", false},
+		"leading hyphen":        {"-app.org", false},
+		"upper case":            {"App.org", false},
+		"64-character label":    {strings.Repeat("a", 64) + ".org", false},
+		"IPv4":                  {"127.0.0.1", false},
+		"short IPv4":            {"1.2.3", false},
+		"hex and dotted":        {"0x7f.0.0.1", false},
+		"last label hex":        {"app.0x7f", false},
+		"last label 0x":         {"app.0x", false},
+		"last label octal":      {"app.017", false},
+		"last label digits":     {"app.123", false},
+		"IPv6":                  {"::1", false},
+		"underscore":            {"my_app.org", false},
+		"last label only zeros": {"app.0", false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			err := registry.ValidateHostname(tt.host)
+			if tt.ok != (err == nil) || err != nil && !errors.Is(err, registry.ErrInvalidHostname) {
+				t.Fatalf("ValidateHostname(%q) = %v, want ok %v", tt.host, err, tt.ok)
+			}
+		})
+	}
+}
+
+// hostnameRE and numericRE are the hostname rule written independently of
+// ValidateHostname: labels of the naming rule, the last one not what the
+// WHATWG URL parser reads as a number.
+var (
+	hostnameRE = regexp.MustCompile(`^([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+	numericRE  = regexp.MustCompile(`(^|\.)([0-9]+|0[xX][0-9a-fA-F]*)$`)
+)
+
+func FuzzValidateHostname(f *testing.F) {
+	for _, s := range []string{"app.example.org", "1.2.3", "0x7f.0.0.1", "app.0x", "app.0xg", "a.b1", "a..b", "a.b.", "-a.b", "localhost", "::1", strings.Repeat("a.", 127)} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, host string) {
+		err := registry.ValidateHostname(host)
+		valid := len(host) <= 253 && hostnameRE.MatchString(host) && !numericRE.MatchString(host)
+		switch {
+		case err == nil && !valid:
+			t.Fatalf("ValidateHostname accepted %q", host)
+		case err != nil && valid:
+			t.Fatalf("ValidateHostname(%q) = %v, but it is a valid hostname", host, err)
+		case err != nil && !errors.Is(err, registry.ErrInvalidHostname):
+			t.Fatalf("ValidateHostname(%q) = %v, not ErrInvalidHostname", host, err)
+		}
+	})
+}

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -347,5 +348,30 @@ func TestEdgeACMERetry(t *testing.T) {
 	}
 	if cfg.TLS.RetryBase != 5*time.Minute || cfg.TLS.RetryMax != 3*time.Hour {
 		t.Errorf("RetryBase %v RetryMax %v, want 5m 3h", cfg.TLS.RetryBase, cfg.TLS.RetryMax)
+	}
+}
+
+// TestEdgeProxyProtocolFromMapped: a load balancer's prefix in IPv4-mapped
+// form is the IPv4 prefix it means (the edge compares the peer's address
+// unmapped), and one too short to be IPv4 is refused.
+func TestEdgeProxyProtocolFromMapped(t *testing.T) {
+	c, err := loadEdge(t, "--domain", "d.example", "--proxy-protocol-from", "::ffff:10.0.0.0/104", "--proxy-protocol-from", "2001:db8::/32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _, err := c.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("2001:db8::/32")}
+	if !slices.Equal(cfg.ProxyProtocolFrom, want) {
+		t.Errorf("proxy-protocol-from: %v, want %v", cfg.ProxyProtocolFrom, want)
+	}
+	c, err = loadEdge(t, "--domain", "d.example", "--proxy-protocol-from", "::ffff:0.0.0.0/95")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := c.Load(); err == nil || !strings.Contains(err.Error(), "proxy-protocol-from") {
+		t.Errorf("a mapped prefix of 95 bits: %v, want refused naming proxy-protocol-from", err)
 	}
 }

@@ -2,7 +2,6 @@ package config
 
 import (
 	"fmt"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -10,6 +9,7 @@ import (
 
 	"github.com/ngstone/ngstone/certs"
 	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/mux"
 )
 
 // Edge loads `ngstone edge` settings.
@@ -139,12 +139,12 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.MaxConnsPerIP = e.integer(l, "max-conns-per-ip")
 	cfg.ProxyProtocol = e.boolean(l, "proxy-protocol")
 	for _, p := range l.strings("proxy-protocol-from") {
-		pfx, err := netip.ParsePrefix(p)
+		pfx, err := mux.ParsePrefix(p)
 		if err != nil {
-			e.set(fmt.Errorf("proxy-protocol-from %q: want a prefix such as 10.0.0.0/8", p))
+			e.set(fmt.Errorf("proxy-protocol-from %q: %w", p, err))
 			continue
 		}
-		cfg.ProxyProtocolFrom = append(cfg.ProxyProtocolFrom, pfx.Masked())
+		cfg.ProxyProtocolFrom = append(cfg.ProxyProtocolFrom, pfx)
 	}
 	cfg.MaxRequestsPerIP = e.integer(l, "max-requests-per-ip")
 	cfg.MaxAgentConns = e.integer(l, "max-agent-conns")

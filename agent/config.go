@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/ngstone/ngstone/mux"
-	"github.com/ngstone/ngstone/registry"
 )
 
 // Config is everything an agent needs. DefaultConfig gives the documented
@@ -311,7 +310,7 @@ func (t Tunnel) validate() error {
 		return fmt.Errorf("upstream-protocol %q: want %s or %s", t.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
 	}
 	if t.Subdomain != "" {
-		if err := registry.ValidateSubdomain(t.Subdomain, nil); err != nil {
+		if err := mux.ValidateSubdomain(t.Subdomain, nil); err != nil {
 			return fmt.Errorf("subdomain: %v", err)
 		}
 	}
@@ -319,7 +318,7 @@ func (t Tunnel) validate() error {
 		if t.Subdomain != "" {
 			return errors.New("hostname: give --subdomain or --hostname, not both")
 		}
-		if err := registry.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
+		if err := mux.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
 			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
 		}
 	}

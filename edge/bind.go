@@ -26,9 +26,9 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	case m.Subdomain == "":
 		return e.bindRandom(ctx, s, access)
 	}
-	if err := registry.ValidateSubdomain(m.Subdomain, e.cfg.ReservedNames); err != nil {
+	if err := mux.ValidateSubdomain(m.Subdomain, e.cfg.ReservedNames); err != nil {
 		code := mux.CodeInvalidName
-		if errors.Is(err, registry.ErrReservedName) {
+		if errors.Is(err, mux.ErrReservedName) {
 			code = mux.CodeReservedName
 		}
 		s.log.Info("bind refused", "subdomain", m.Subdomain, "code", code)
@@ -50,10 +50,10 @@ func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access
 		return &mux.BindError{Hostname: m.Hostname, Code: code, Message: msg}
 	}
 	if err == nil {
-		err = registry.ValidateHostname(host) // an IP address too: it ends in a number, or has no dot
+		err = mux.ValidateHostname(host) // an IP address too: it ends in a number, or has no dot
 	}
 	switch {
-	case errors.Is(err, registry.ErrInvalidHostname):
+	case errors.Is(err, mux.ErrInvalidHostname):
 		return refuse(mux.CodeInvalidName, err.Error()+": check --hostname")
 	case err != nil:
 		return refuse(mux.CodeInvalidName, fmt.Sprintf("%q is not a hostname such as app.example.org: check --hostname", m.Hostname))
@@ -75,8 +75,8 @@ func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess
 			Message: "this token may only bind " + strings.Join(s.policy.Subdomains, ", ") + ": pass --subdomain"}
 	}
 	for range randomNameTries {
-		name := registry.RandomName(8)
-		if registry.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
+		name := mux.RandomName(8)
+		if mux.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
 			continue
 		}
 		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access)

@@ -85,7 +85,7 @@ type Config struct {
 	// MaxRequestBody bounds a visitor request body in bytes (413 past it).
 	// Zero means no limit.
 	MaxRequestBody int64
-	// ReservedNames cannot be bound. Nil means registry.DefaultReserved;
+	// ReservedNames cannot be bound. Nil means mux.DefaultReserved;
 	// an empty non-nil slice reserves nothing.
 	ReservedNames []string
 	// DrainTimeout bounds how long an evicted or abandoned session may
@@ -131,7 +131,7 @@ func DefaultConfig() Config {
 		ControlAddr:      ":4443",
 		AdminAddr:        "127.0.0.1:9180",
 		TLS:              certs.Config{Mode: certs.ModeSelfSigned, DataDir: "."},
-		ReservedNames:    append([]string(nil), registry.DefaultReserved...),
+		ReservedNames:    append([]string(nil), mux.DefaultReserved...),
 		DrainTimeout:     10 * time.Second,
 		HeartbeatTimeout: 45 * time.Second,
 		TunnelTimeout:    60 * time.Second,
@@ -228,7 +228,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("max-response-head %d: at most %d (what an agent holds its local service to)", c.MaxResponseHead, mux.MaxResponseHead)
 	}
 	for _, n := range c.ReservedNames {
-		if err := registry.ValidateSubdomain(n, nil); err != nil {
+		if err := mux.ValidateSubdomain(n, nil); err != nil {
 			return fmt.Errorf("reserved-names %q: %v", n, err)
 		}
 	}

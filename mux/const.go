@@ -6,8 +6,9 @@
 // heartbeat, evicted, unbind, goaway. Every other stream is opened by the edge,
 // one per public request, and carries exactly one HTTP/1.1 exchange.
 //
-// The package owns the wire only: message types, framing, limits and the yamux
-// settings both sides use. It opens no sockets and makes no policy.
+// The package owns the wire only: message types, framing, limits, the names a
+// bind may carry (ValidateSubdomain, ValidateHostname) and the yamux settings
+// both sides use. It opens no sockets and makes no policy.
 package mux
 
 import "errors"

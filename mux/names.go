@@ -1,4 +1,4 @@
-package registry
+package mux
 
 import (
 	"crypto/rand"

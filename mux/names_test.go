@@ -1,4 +1,4 @@
-package registry_test
+package mux_test
 
 import (
 	"errors"
@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ngstone/ngstone/registry"
+	"github.com/ngstone/ngstone/mux"
 )
 
 func TestValidateSubdomain(t *testing.T) {
@@ -22,29 +22,29 @@ func TestValidateSubdomain(t *testing.T) {
 		"double hyphen":       {"xn--bcher-kva", nil},
 		"63 characters":       {strings.Repeat("a", 63), nil},
 		"starts with digit":   {"1app", nil},
-		"empty":               {"", registry.ErrInvalidName},
-		"64 characters":       {strings.Repeat("a", 64), registry.ErrInvalidName},
-		"leading hyphen":      {"-app", registry.ErrInvalidName},
-		"trailing hyphen":     {"app-", registry.ErrInvalidName},
-		"only a hyphen":       {"-", registry.ErrInvalidName},
-		"upper case":          {"App", registry.ErrInvalidName},
-		"all upper case":      {"APP", registry.ErrInvalidName},
-		"dot":                 {"a.b", registry.ErrInvalidName},
-		"underscore":          {"my_app", registry.ErrInvalidName},
-		"space":               {"my app", registry.ErrInvalidName},
-		"non-ascii":           {"café", registry.ErrInvalidName},
-		"nul":                 {"a\x00", registry.ErrInvalidName},
-		"reserved www":        {"www", registry.ErrReservedName},
-		"reserved api":        {"api", registry.ErrReservedName},
-		"reserved admin":      {"admin", registry.ErrReservedName},
-		"reserved edge":       {"edge", registry.ErrReservedName},
-		"reserved mail":       {"mail", registry.ErrReservedName},
+		"empty":               {"", mux.ErrInvalidName},
+		"64 characters":       {strings.Repeat("a", 64), mux.ErrInvalidName},
+		"leading hyphen":      {"-app", mux.ErrInvalidName},
+		"trailing hyphen":     {"app-", mux.ErrInvalidName},
+		"only a hyphen":       {"-", mux.ErrInvalidName},
+		"upper case":          {"App", mux.ErrInvalidName},
+		"all upper case":      {"APP", mux.ErrInvalidName},
+		"dot":                 {"a.b", mux.ErrInvalidName},
+		"underscore":          {"my_app", mux.ErrInvalidName},
+		"space":               {"my app", mux.ErrInvalidName},
+		"non-ascii":           {"café", mux.ErrInvalidName},
+		"nul":                 {"a\x00", mux.ErrInvalidName},
+		"reserved www":        {"www", mux.ErrReservedName},
+		"reserved api":        {"api", mux.ErrReservedName},
+		"reserved admin":      {"admin", mux.ErrReservedName},
+		"reserved edge":       {"edge", mux.ErrReservedName},
+		"reserved mail":       {"mail", mux.ErrReservedName},
 		"reserved prefix":     {"www1", nil},
-		"upper-case reserved": {"WWW", registry.ErrInvalidName},
+		"upper-case reserved": {"WWW", mux.ErrInvalidName},
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			err := registry.ValidateSubdomain(tt.name, registry.DefaultReserved)
+			err := mux.ValidateSubdomain(tt.name, mux.DefaultReserved)
 			if tt.want == nil && err != nil || tt.want != nil && !errors.Is(err, tt.want) {
 				t.Fatalf("ValidateSubdomain(%q) = %v, want %v", tt.name, err, tt.want)
 			}
@@ -53,15 +53,15 @@ func TestValidateSubdomain(t *testing.T) {
 }
 
 func TestValidateSubdomainReservedList(t *testing.T) {
-	if err := registry.ValidateSubdomain("www", nil); err != nil {
+	if err := mux.ValidateSubdomain("www", nil); err != nil {
 		t.Fatalf("with no reserved list, www: %v", err)
 	}
-	if err := registry.ValidateSubdomain("staging", []string{"staging"}); !errors.Is(err, registry.ErrReservedName) {
+	if err := mux.ValidateSubdomain("staging", []string{"staging"}); !errors.Is(err, mux.ErrReservedName) {
 		t.Fatalf("an operator's reserved name: %v", err)
 	}
 	want := []string{"www", "api", "admin", "edge", "mail"}
-	if !slices.Equal(registry.DefaultReserved, want) {
-		t.Fatalf("DefaultReserved = %v, want %v", registry.DefaultReserved, want)
+	if !slices.Equal(mux.DefaultReserved, want) {
+		t.Fatalf("DefaultReserved = %v, want %v", mux.DefaultReserved, want)
 	}
 }
 
@@ -69,11 +69,11 @@ func TestRandomName(t *testing.T) {
 	seen := map[string]bool{}
 	for _, n := range []int{-1, 0, 1, 7, 8, 12, 63} {
 		for range 50 {
-			name := registry.RandomName(n)
+			name := mux.RandomName(n)
 			if want := max(n, 8); len(name) != want {
 				t.Fatalf("RandomName(%d) = %q, want %d characters", n, name, want)
 			}
-			if err := registry.ValidateSubdomain(name, nil); err != nil {
+			if err := mux.ValidateSubdomain(name, nil); err != nil {
 				t.Fatalf("RandomName(%d) = %q: %v", n, name, err)
 			}
 			if name[0] < 'a' || name[0] > 'z' {
@@ -96,16 +96,16 @@ func FuzzValidateSubdomain(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, name string) {
-		err := registry.ValidateSubdomain(name, registry.DefaultReserved)
-		reserved := slices.Contains(registry.DefaultReserved, name)
+		err := mux.ValidateSubdomain(name, mux.DefaultReserved)
+		reserved := slices.Contains(mux.DefaultReserved, name)
 		switch {
 		case err == nil && (!labelRE.MatchString(name) || reserved):
 			t.Fatalf("ValidateSubdomain accepted %q", name)
-		case errors.Is(err, registry.ErrReservedName) && (!reserved || !labelRE.MatchString(name)):
+		case errors.Is(err, mux.ErrReservedName) && (!reserved || !labelRE.MatchString(name)):
 			t.Fatalf("ValidateSubdomain(%q) = %v, but it is not a valid reserved name", name, err)
-		case errors.Is(err, registry.ErrInvalidName) && labelRE.MatchString(name):
+		case errors.Is(err, mux.ErrInvalidName) && labelRE.MatchString(name):
 			t.Fatalf("ValidateSubdomain(%q) = %v, but it is a valid label", name, err)
-		case err != nil && !errors.Is(err, registry.ErrInvalidName) && !errors.Is(err, registry.ErrReservedName):
+		case err != nil && !errors.Is(err, mux.ErrInvalidName) && !errors.Is(err, mux.ErrReservedName):
 			t.Fatalf("ValidateSubdomain(%q) = %v, not a sentinel error", name, err)
 		}
 	})
@@ -142,8 +142,8 @@ func TestValidateHostname(t *testing.T) {
 		"last label only zeros": {"app.0", false},
 	} {
 		t.Run(name, func(t *testing.T) {
-			err := registry.ValidateHostname(tt.host)
-			if tt.ok != (err == nil) || err != nil && !errors.Is(err, registry.ErrInvalidHostname) {
+			err := mux.ValidateHostname(tt.host)
+			if tt.ok != (err == nil) || err != nil && !errors.Is(err, mux.ErrInvalidHostname) {
 				t.Fatalf("ValidateHostname(%q) = %v, want ok %v", tt.host, err, tt.ok)
 			}
 		})
@@ -163,14 +163,14 @@ func FuzzValidateHostname(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, host string) {
-		err := registry.ValidateHostname(host)
+		err := mux.ValidateHostname(host)
 		valid := len(host) <= 253 && hostnameRE.MatchString(host) && !numericRE.MatchString(host)
 		switch {
 		case err == nil && !valid:
 			t.Fatalf("ValidateHostname accepted %q", host)
 		case err != nil && valid:
 			t.Fatalf("ValidateHostname(%q) = %v, but it is a valid hostname", host, err)
-		case err != nil && !errors.Is(err, registry.ErrInvalidHostname):
+		case err != nil && !errors.Is(err, mux.ErrInvalidHostname):
 			t.Fatalf("ValidateHostname(%q) = %v, not ErrInvalidHostname", host, err)
 		}
 	})

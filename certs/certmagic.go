@@ -23,6 +23,7 @@ import (
 
 	"github.com/caddyserver/certmagic"
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 )
 
 // certmagicMode obtains certificates with certmagic. The names known in
@@ -45,7 +46,7 @@ type certmagicMode struct {
 	cfg     Config
 	log     *slog.Logger
 	allow   HostPolicy
-	limiter *slidingWindow
+	limiter *rate.Limiter
 	counts  *counters
 	// names are obtained and renewed by run.
 	names []string
@@ -98,7 +99,7 @@ func newCertmagic(cfg Config, log *slog.Logger, allow HostPolicy, counts *counte
 	if window <= 0 {
 		window = time.Minute
 	}
-	c := &certmagicMode{cfg: cfg, log: log, allow: allow, limiter: newSlidingWindow(limit, window), counts: counts, seen: map[string]bool{}}
+	c := &certmagicMode{cfg: cfg, log: log, allow: allow, limiter: onDemandLimiter(limit, window), counts: counts, seen: map[string]bool{}}
 	switch {
 	case cfg.OnDemand && cfg.DNSProvider == "":
 		// HTTP-01 and TLS-ALPN-01 for DOMAIN as for any other name, at
@@ -512,7 +513,7 @@ func (c *certmagicMode) decide(ctx context.Context, name string) error {
 		e, _ := c.book.entry(name)
 		return fmt.Errorf("%w for %s: %s", ErrBackoff, name, describeRetry(e))
 	}
-	if !c.limiter.allow(time.Now()) {
+	if !c.limiter.Allow() {
 		c.log.Warn("on-demand certificate refused: rate limit", "host", name)
 		return fmt.Errorf("%w: %s", ErrRateLimited, name)
 	}
@@ -721,33 +722,11 @@ func acmeHTTPClient(roots *x509.CertPool) *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
-// slidingWindow admits at most limit events per window; a negative limit
-// admits all. It starts no goroutine.
-type slidingWindow struct {
-	mu     sync.Mutex
-	limit  int
-	window time.Duration
-	times  []time.Time
-}
-
-func newSlidingWindow(limit int, window time.Duration) *slidingWindow {
-	return &slidingWindow{limit: limit, window: window}
-}
-
-func (s *slidingWindow) allow(now time.Time) bool {
-	if s.limit < 0 {
-		return true
+// onDemandLimiter admits limit issuances at once and limit more each
+// window after (a token bucket); a negative limit admits all.
+func onDemandLimiter(limit int, window time.Duration) *rate.Limiter {
+	if limit < 0 {
+		return rate.NewLimiter(rate.Inf, 0)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	cut := 0
-	for cut < len(s.times) && now.Sub(s.times[cut]) >= s.window {
-		cut++
-	}
-	s.times = s.times[cut:]
-	if len(s.times) >= s.limit {
-		return false
-	}
-	s.times = append(s.times, now)
-	return true
+	return rate.NewLimiter(rate.Every(window/time.Duration(limit)), limit)
 }

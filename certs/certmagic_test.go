@@ -262,16 +262,25 @@ func TestOnDemandRateLimit(t *testing.T) {
 	}
 }
 
-func TestSlidingWindow(t *testing.T) {
-	w := newSlidingWindow(2, time.Minute)
+// TestOnDemandLimiter: a burst of the limit, then the limit again over
+// each window; a negative limit admits all.
+func TestOnDemandLimiter(t *testing.T) {
+	l := onDemandLimiter(2, time.Minute)
 	t0 := time.Unix(1000, 0)
 	steps := []struct {
 		at   time.Duration
 		want bool
-	}{{0, true}, {time.Second, true}, {2 * time.Second, false}, {time.Minute, true}, {time.Minute + time.Second, true}, {time.Minute + 2*time.Second, false}}
+	}{{0, true}, {time.Second, true}, {2 * time.Second, false}, {30 * time.Second, true}, {31 * time.Second, false},
+		{time.Minute, true}, {2 * time.Minute, true}, {2*time.Minute + time.Second, true}, {2*time.Minute + 2*time.Second, false}}
 	for _, s := range steps {
-		if got := w.allow(t0.Add(s.at)); got != s.want {
+		if got := l.AllowN(t0.Add(s.at), 1); got != s.want {
 			t.Errorf("allow(+%v) = %v, want %v", s.at, got, s.want)
+		}
+	}
+	all := onDemandLimiter(-1, time.Minute)
+	for i := range 1000 {
+		if !all.AllowN(t0, 1) {
+			t.Fatalf("negative limit: refused the %dth", i+1)
 		}
 	}
 }

@@ -107,11 +107,11 @@ type Config struct {
 	// DOMAIN and *.DOMAIN certificates are served.
 	OnDemand bool
 	// OnDemandRateLimit is how many new on-demand hostnames may be
-	// admitted per OnDemandRateWindow; zero means 10, negative means no
-	// limit.
+	// admitted at once, and again over each OnDemandRateWindow (a token
+	// bucket); zero means 10, negative means no limit.
 	OnDemandRateLimit int
-	// OnDemandRateWindow is the sliding window of OnDemandRateLimit; zero
-	// means 1m.
+	// OnDemandRateWindow is the window of OnDemandRateLimit; zero means
+	// 1m.
 	OnDemandRateWindow time.Duration
 
 	// RetryBase is the wait after a failed attempt to obtain or renew a

@@ -44,7 +44,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.StringSlice("dns-resolvers", nil, "DNS servers HOST:PORT used to check DNS-01 propagation (default: the system's)")
 	fs.Duration("dns-propagation-timeout", 0, "bound on waiting for a DNS-01 record to appear (0 means 2m)")
 	fs.Bool("on-demand", false, "certmagic mode: issue a certificate per bound hostname at its first handshake")
-	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted per window (0 means 10)")
+	fs.Int("on-demand-rate-limit", 0, "on-demand issuances admitted at once, and again over each window (0 means 10)")
 	fs.Duration("on-demand-rate-window", 0, "window of on-demand-rate-limit (0 means 1m)")
 	fs.Duration("acme-retry-base", 0, "wait after a failed attempt to obtain or renew a certificate, doubled at each further failure (0 means 1m)")
 	fs.Duration("acme-retry-max", 0, "longest wait between attempts to obtain or renew a certificate (0 means 1h)")

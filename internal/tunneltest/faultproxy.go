@@ -15,14 +15,18 @@ import (
 // FaultProxy is a TCP proxy between an agent and the edge that can make its
 // paths silent without closing them, reset them, or delay their bytes.
 type FaultProxy struct {
-	ln     net.Listener
-	target string
+	ln      net.Listener
+	target  string
+	targets []string // spread new connections in turn (SetTargets); nil: target
+	turn    int
 
 	mu      sync.Mutex
 	cond    *sync.Cond
 	blocked bool
+	frozen  bool          // new connections are swallowed (Freeze)
 	slow    time.Duration // the delay of new connections (Slow)
 	links   map[*link]struct{}
+	swallow map[net.Conn]struct{} // accepted while frozen: never relayed
 	closed  bool
 	wg      sync.WaitGroup
 
@@ -35,9 +39,23 @@ type link struct {
 	p     *FaultProxy
 	a, b  net.Conn
 	delay time.Duration // guarded by p.mu
+	dead  bool          // frozen: carries nothing, ever; guarded by p.mu
 
 	resetOnce sync.Once
 	gone      chan struct{} // closed by reset
+}
+
+// isGone reports whether l was reset; false for nil.
+func (l *link) isGone() bool {
+	if l == nil {
+		return false
+	}
+	select {
+	case <-l.gone:
+		return true
+	default:
+		return false
+	}
 }
 
 type chunk struct {
@@ -51,7 +69,7 @@ func NewFaultProxy(target string) (*FaultProxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &FaultProxy{ln: ln, target: target, links: map[*link]struct{}{}}
+	p := &FaultProxy{ln: ln, target: target, links: map[*link]struct{}{}, swallow: map[net.Conn]struct{}{}}
 	p.cond = sync.NewCond(&p.mu)
 	p.wg.Add(1)
 	go p.accept()
@@ -65,7 +83,15 @@ func (p *FaultProxy) Addr() string { return p.ln.Addr().String() }
 // to another backend; open connections keep theirs.
 func (p *FaultProxy) SetTarget(addr string) {
 	p.mu.Lock()
-	p.target = addr
+	p.target, p.targets = addr, nil
+	p.mu.Unlock()
+}
+
+// SetTargets sends each new connection to the next of addrs in turn, as a
+// round-robin load balancer; open connections keep theirs.
+func (p *FaultProxy) SetTargets(addrs ...string) {
+	p.mu.Lock()
+	p.targets, p.turn = addrs, 0
 	p.mu.Unlock()
 }
 
@@ -82,6 +108,27 @@ func (p *FaultProxy) Unblock() {
 	p.mu.Lock()
 	p.blocked = false
 	p.cond.Broadcast()
+	p.mu.Unlock()
+}
+
+// Freeze makes the path silent for good, as a load balancer in front of a
+// stopped or dead backend is: the connections open now carry nothing from
+// then on, and those accepted until Thaw complete their handshake and are
+// never relayed. Nothing is closed.
+func (p *FaultProxy) Freeze() {
+	p.mu.Lock()
+	p.frozen = true
+	for l := range p.links {
+		l.dead = true
+	}
+	p.mu.Unlock()
+}
+
+// Thaw relays the connections accepted from then on; those frozen stay
+// silent.
+func (p *FaultProxy) Thaw() {
+	p.mu.Lock()
+	p.frozen = false
 	p.mu.Unlock()
 }
 
@@ -137,7 +184,14 @@ func (p *FaultProxy) Close() {
 	p.closed = true
 	p.blocked = false
 	p.cond.Broadcast()
+	swallowed := make([]net.Conn, 0, len(p.swallow))
+	for c := range p.swallow {
+		swallowed = append(swallowed, c)
+	}
 	p.mu.Unlock()
+	for _, c := range swallowed {
+		c.Close()
+	}
 	p.ln.Close()
 	p.Reset()
 	p.wg.Wait()
@@ -156,23 +210,49 @@ func (p *FaultProxy) accept() {
 }
 
 // waitOpen blocks while the proxy is blocked; false once it is closed.
-func (p *FaultProxy) waitOpen() bool {
+func (p *FaultProxy) waitOpen() bool { return p.waitLink(nil) }
+
+// waitLink blocks while the proxy is blocked or l (nil: none) is frozen;
+// false once the proxy is closed or l reset.
+func (p *FaultProxy) waitLink(l *link) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for p.blocked && !p.closed {
+	for (p.blocked || l != nil && l.dead) && !p.closed && !l.isGone() {
 		p.cond.Wait()
 	}
-	return !p.closed
+	return !p.closed && !l.isGone()
+}
+
+// swallowConn holds a connection accepted while frozen, reading and
+// dropping what arrives, until its client or Close closes it.
+func (p *FaultProxy) swallowConn(a net.Conn) {
+	p.swallow[a] = struct{}{} // p.mu is held
+	p.mu.Unlock()
+	io.Copy(io.Discard, a)
+	p.mu.Lock()
+	delete(p.swallow, a)
+	p.mu.Unlock()
+	a.Close()
 }
 
 func (p *FaultProxy) serve(a net.Conn) {
 	defer p.wg.Done()
+	p.mu.Lock()
+	if p.frozen && !p.closed {
+		p.swallowConn(a)
+		return
+	}
+	p.mu.Unlock()
 	if !p.waitOpen() {
 		a.Close()
 		return
 	}
 	p.mu.Lock()
 	target := p.target
+	if len(p.targets) > 0 {
+		target = p.targets[p.turn%len(p.targets)]
+		p.turn++
+	}
 	p.mu.Unlock()
 	b, err := net.DialTimeout("tcp", target, 5*time.Second)
 	if err != nil {
@@ -217,7 +297,7 @@ func (l *link) pipe(src, dst net.Conn) {
 					return
 				}
 			}
-			if !l.p.waitOpen() {
+			if !l.p.waitLink(l) {
 				return
 			}
 			if _, err := dst.Write(c.data); err != nil {
@@ -245,8 +325,11 @@ func (l *link) pipe(src, dst net.Conn) {
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, io.EOF) {
-				l.reset()
+			l.p.mu.Lock()
+			dead := l.dead
+			l.p.mu.Unlock()
+			if dead || !errors.Is(err, io.EOF) {
+				l.reset() // a frozen link's writer waits for nothing else
 			}
 			close(q)
 			<-done
@@ -256,7 +339,12 @@ func (l *link) pipe(src, dst net.Conn) {
 }
 
 func (l *link) reset() {
-	l.resetOnce.Do(func() { close(l.gone) })
+	l.resetOnce.Do(func() {
+		close(l.gone)
+		l.p.mu.Lock()
+		l.p.cond.Broadcast() // a frozen writer in waitLink
+		l.p.mu.Unlock()
+	})
 	for _, c := range []net.Conn{l.a, l.b} {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tc.SetLinger(0)

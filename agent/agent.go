@@ -291,11 +291,11 @@ func (a *Agent) finalState(err error) State {
 }
 
 // retryDelay is the backoff's next delay, or longer if the edge asked for
-// a longer wait (retryAfter), except after a connect that no
-// dial got an answer to: that attempt has already spent its dial timeout
-// sending fresh SYNs into a silent network, which the edge never saw, so
-// the next one starts at once and the agent keeps probing until the
-// network is back (dialStaggered).
+// a longer wait (retryAfter), except after a connect none of whose
+// attempts got an answer: it has already spent its dial timeout starting
+// fresh attempts at their bounded pace into a silent path, so the next
+// connect starts at once and the agent keeps probing until the path is
+// back (staggered).
 func retryDelay(bo *backoff, err error) time.Duration {
 	d := bo.next(time.Now())
 	if errors.Is(err, errNoAnswer) {

@@ -17,10 +17,10 @@ import (
 
 // TestDialAfterBlackhole dials over a real link (two network namespaces,
 // internal/wan) that drops every packet, then comes back: until then the
-// agent sends one SYN per pace.every (and the first dial's own resends),
-// and the connection it takes is a fresh dial's, whose SYN was never sent
-// again, so it starts with the full initial congestion window. Needs root;
-// it costs about 2 s.
+// agent sends one SYN per pace.every (and the first attempt's own resends),
+// and the connection it takes is a fresh attempt's, whose SYN was never
+// sent again, so it starts with the full initial congestion window. Needs
+// root; it costs about 2 s.
 func TestDialAfterBlackhole(t *testing.T) {
 	p := wantest.Start(t)
 	p.Set(wan.Symmetric("20ms", 20*time.Millisecond, 0, 0))
@@ -58,15 +58,16 @@ func TestDialAfterBlackhole(t *testing.T) {
 	done := make(chan result, 1)
 	start := time.Now()
 	go func() {
-		c, err := dialStaggered(ctx, pc, func(ctx context.Context) (net.Conn, error) {
+		c, err := staggered(ctx, pc, func(ctx context.Context) (net.Conn, error) {
 			return p.B.DialContext(ctx, "tcp", ln.Addr().String())
 		})
 		done <- result{c, err}
 	}()
-	// About 1.5 s in (the first SYN, its resend at 1 s, 30 fresh ones):
-	// past the life of the fresh dials started with the first, and half a
-	// second short of its next resend, which a fresh SYN must beat.
-	const syns = 32
+	// About 1.5 s in (the first SYN, its resend at 1 s, a fresh one each
+	// pace.every): past the life of the fresh attempts started with the
+	// first, and half a second short of its next resend, which a fresh SYN
+	// must beat.
+	syns := uint64(1500*time.Millisecond/pc.every) + 2
 	deadline := time.Now().Add(10 * time.Second)
 	for dropped(p) < syns {
 		if time.Now().After(deadline) {

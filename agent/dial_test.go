@@ -29,17 +29,17 @@ func silentDials(silent int64, calls, ended *atomic.Int64, conns chan<- net.Conn
 	}
 }
 
-// TestDialStaggeredTakesAFreshDial: while earlier dials wait on a silent
+// TestStaggeredTakesAFreshAttempt: while earlier attempts wait on a silent
 // network, a fresh one starts every interval; the first to connect is
 // taken at once, and the waiting ones are cancelled before it returns.
-func TestDialStaggeredTakesAFreshDial(t *testing.T) {
+func TestStaggeredTakesAFreshAttempt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls, ended atomic.Int64
 		conns := make(chan net.Conn, 8)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		start := time.Now()
-		c, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, silentDials(5, &calls, &ended, conns))
+		c, err := staggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, silentDials(5, &calls, &ended, conns))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,14 +54,14 @@ func TestDialStaggeredTakesAFreshDial(t *testing.T) {
 	})
 }
 
-// TestDialStaggeredSilent: with no answer at all, at most the bound of
-// dials wait at once, and the error says the network was silent.
-func TestDialStaggeredSilent(t *testing.T) {
+// TestStaggeredSilent: with no answer at all, at most the bound of
+// attempts wait at once, and the error says the network was silent.
+func TestStaggeredSilent(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls, ended atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 4}, silentDials(100, &calls, &ended, nil))
+		_, err := staggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 4}, silentDials(100, &calls, &ended, nil))
 		if !errors.Is(err, errNoAnswer) || !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("err = %v, want errNoAnswer and the deadline", err)
 		}
@@ -71,15 +71,15 @@ func TestDialStaggeredSilent(t *testing.T) {
 	})
 }
 
-// TestDialStaggeredRefused: a dial that fails fast ends the connect with
+// TestStaggeredRefused: an attempt that fails fast ends the connect with
 // its error (the backoff then applies), and the waiting ones are
-// cancelled; a dial that connects after another won is closed.
-func TestDialStaggeredRefused(t *testing.T) {
+// cancelled; an attempt that connects after another won is closed.
+func TestStaggeredRefused(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var calls atomic.Int64
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		_, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
+		_, err := staggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
 			if calls.Add(1) == 1 {
 				<-ctx.Done()
 				return nil, ctx.Err()
@@ -91,7 +91,7 @@ func TestDialStaggeredRefused(t *testing.T) {
 		}
 
 		late := make(chan net.Conn, 1)
-		c, err := dialStaggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
+		c, err := staggered(ctx, pace{every: 500 * time.Millisecond, life: time.Hour, most: 20}, func(ctx context.Context) (net.Conn, error) {
 			a, b := net.Pipe()
 			if calls.Add(1) == 3 {
 				time.Sleep(time.Second) // connects after the second dial has won
@@ -112,12 +112,12 @@ func TestDialStaggeredRefused(t *testing.T) {
 	})
 }
 
-// TestDialStaggeredFreshSYNs: into a silent network, a fresh dial starts
+// TestStaggeredFreshSYNs: into a silent network, a fresh attempt starts
 // every p.every and each but the first is cancelled after p.life, before
-// the kernel would send its SYN again; an expired dial does not end the
-// connect, the first dial waits until its deadline, and no more than
-// life/every+2 dials wait at once.
-func TestDialStaggeredFreshSYNs(t *testing.T) {
+// the kernel would send its SYN again; an expired attempt does not end the
+// connect, the first waits until its deadline, and no more than
+// life/every+2 wait at once.
+func TestStaggeredFreshSYNs(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := pace{every: 50 * time.Millisecond, life: 900 * time.Millisecond, most: 20}
 		var mu sync.Mutex
@@ -126,7 +126,7 @@ func TestDialStaggeredFreshSYNs(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		start := time.Now()
-		_, err := dialStaggered(ctx, p, func(ctx context.Context) (net.Conn, error) {
+		_, err := staggered(ctx, p, func(ctx context.Context) (net.Conn, error) {
 			mu.Lock()
 			waiting++
 			most = max(most, waiting)
@@ -169,18 +169,19 @@ func TestDialStaggeredFreshSYNs(t *testing.T) {
 	})
 }
 
-// TestPaceFor: dials follow the measured round trip, within their bounds.
+// TestPaceFor: a fresh attempt starts every few measured round trips,
+// within its bounds, and a second before any was measured.
 func TestPaceFor(t *testing.T) {
 	for _, tc := range []struct {
 		rtt, every, life time.Duration
 	}{
-		{0, redialMax, dialLife},
-		{time.Millisecond, redialMin, dialLife},
-		{80 * time.Millisecond, 80 * time.Millisecond, dialLife},
-		{time.Second, redialMax, 4 * time.Second},
+		{0, time.Second, 900 * time.Millisecond},
+		{time.Millisecond, 250 * time.Millisecond, 900 * time.Millisecond},
+		{80 * time.Millisecond, 320 * time.Millisecond, 900 * time.Millisecond},
+		{time.Second, time.Second, 4 * time.Second},
 	} {
-		if p := paceFor(tc.rtt); p.every != tc.every || p.life != tc.life || p.most != maxPendingDials {
-			t.Errorf("paceFor(%v) = %+v, want every %v, life %v, most %d", tc.rtt, p, tc.every, tc.life, maxPendingDials)
+		if p := paceFor(tc.rtt); p.every != tc.every || p.life != tc.life || p.most != 5 {
+			t.Errorf("paceFor(%v) = %+v, want every %v, life %v, most 5", tc.rtt, p, tc.every, tc.life)
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
 	"net"
 	"slices"
@@ -29,8 +30,15 @@ var (
 type conn struct {
 	a    *Agent
 	ys   *yamux.Session
+	raw  net.Conn // the TCP socket beneath
 	ctrl net.Conn
 	id   uint64
+
+	// What the handshake learnt, which adopt makes the agent's.
+	binding  bool        // it holds its connect's binding slot
+	takeover bool        // its binds asked to take names over
+	maxHead  int64       // the edge's limit on a response head
+	answers  []bindReply // the edge's answer to each bind, in order
 
 	mu   sync.Mutex
 	held map[string]*tunnel // the hostnames bound on this session
@@ -66,37 +74,89 @@ func (a *Agent) runSession(ctx context.Context, tc *tls.Config, takeover bool) (
 	return true, err
 }
 
-// connect dials the edge and runs hello and bind, all within DialTimeout.
+// connect reaches the edge within DialTimeout: staggered attempts, each
+// a whole connection (TCP, TLS, hello, binds), of which the first to
+// finish its binds becomes the session.
 func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*conn, error) {
 	a.setStatus(func(s *Status) {
 		if s.State != StateReconnecting {
 			s.State = StateConnecting
 		}
 	})
-	deadline := time.Now().Add(a.cfg.DialTimeout)
-	dctx, cancel := context.WithDeadline(ctx, deadline)
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.DialTimeout)
 	defer cancel()
-	nc, err := dialTLS(dctx, a.cfg.Edge, tc, paceFor(a.latency()))
+	binding := make(chan struct{}, 1)
+	c, err := staggered(ctx, paceFor(a.latency()), func(ctx context.Context) (*conn, error) {
+		return a.attempt(ctx, tc, takeover, binding)
+	})
+	if errors.Is(err, errNoAnswer) {
+		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
+	}
 	if err != nil {
+		return nil, err
+	}
+	if err := c.adopt(); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// attempt is one of a connect's attempts; it ends when ctx does. It sends
+// binds only while it holds binding, which it keeps if it returns a conn.
+func (a *Agent) attempt(ctx context.Context, tc *tls.Config, takeover bool, binding chan struct{}) (*conn, error) {
+	d := &net.Dialer{KeepAlive: 15 * time.Second}
+	raw, err := d.DialContext(ctx, "tcp", a.cfg.Edge)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
+	}
+	// Closing the socket ends the attempt at whichever step it is.
+	stop := context.AfterFunc(ctx, func() { raw.Close() })
+	c, err := a.open(ctx, raw, tc)
+	if err == nil {
+		err = c.handshake(ctx, takeover, binding)
+	}
+	if !stop() && err == nil {
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		raw.Close()
+		if c != nil {
+			c.ys.Close()
+			if c.binding {
+				<-binding
+			}
+		}
+		return nil, err
+	}
+	return c, nil
+}
+
+// open runs the TLS handshake on raw, with TLS over a batched socket so
+// that a transfer's records leave and arrive in few syscalls
+// (mux.Batched), and starts the yamux session.
+func (a *Agent) open(ctx context.Context, raw net.Conn, tc *tls.Config) (*conn, error) {
+	nc := tls.Client(mux.Batched(raw), tc)
+	if err := nc.HandshakeContext(ctx); err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
 	yc, err := a.cfg.Mux.YamuxConn(nc, nil)
 	if err != nil {
-		nc.Close()
 		return nil, err
 	}
 	ys, err := yamux.Client(mux.CoalesceWith(nc, mux.CoalesceConfig{WriteTimeout: yc.ConnectionWriteTimeout, Linger: closeLinger, SendBuffer: int(yc.MaxStreamWindowSize)}), yc)
 	if err != nil {
-		nc.Close()
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
-	c := &conn{a: a, ys: ys, held: map[string]*tunnel{}, events: make(chan error, 1),
-		unbound: make(chan string, maxTunnels), readerDone: make(chan struct{})}
-	if err := c.handshake(deadline, takeover); err != nil {
-		ys.Close()
-		return nil, err
-	}
-	return c, nil
+	return &conn{a: a, ys: ys, raw: raw, held: map[string]*tunnel{}, events: make(chan error, 1),
+		unbound: make(chan string, maxTunnels), readerDone: make(chan struct{})}, nil
+}
+
+// Close ends a session that never served: its socket at once, as nothing
+// it carries is owed an answer.
+func (c *conn) Close() error {
+	c.raw.Close()
+	return c.ys.Close()
 }
 
 // closeLinger bounds how long closing a session that met no error (a
@@ -106,101 +166,87 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 // tail of a response the network had not yet carried.
 const closeLinger = time.Second
 
-// dialTLS dials the edge, with TLS over a batched socket so that a
-// transfer's records leave and arrive in few syscalls (mux.Batched).
-func dialTLS(ctx context.Context, addr string, tc *tls.Config, p pace) (net.Conn, error) {
-	d := &net.Dialer{KeepAlive: 15 * time.Second}
-	raw, err := dialStaggered(ctx, p, func(ctx context.Context) (net.Conn, error) {
-		return d.DialContext(ctx, "tcp", addr)
-	})
-	if err != nil {
-		return nil, err
-	}
-	c := tls.Client(mux.Batched(raw), tc)
-	if err := c.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, err
-	}
-	return c, nil
-}
-
-// A SYN that gets no answer is sent again after 1 s, and again and again
-// (each second for the first four on Linux since 6.5, then doubling): a
-// dial started while the network is down may wait seconds after it is
-// back. So while no dial has connected, a fresh one starts every round
-// trip (pace), and the first to connect is taken.
+// A path can go silent in two ways. A SYN that gets no answer is sent
+// again after 1 s, and again and again (each second for the first four on
+// Linux since 6.5, then doubling); and where a stopped edge's kernel, or
+// a load balancer in front of a dead backend, still completes the TCP
+// handshake, the connection carries nothing, ever. Either way a connect
+// waiting on its first connection would wait out its DialTimeout after
+// the path is back. So while no attempt has finished, a fresh one starts
+// every few round trips (pace), each a whole connect: TCP, TLS, hello
+// and binds; the first to finish its binds is the session.
 //
-// Each dial but a connect's first is cancelled before the kernel would
-// send its SYN again, so that every SYN on the wire is a fresh dial's: the
-// agent sends one SYN per pace.every and the first dial's resends, at most
-// about 21 a second whatever the path, so 1,000 agents behind an edge that
-// went silent send it at most about 21,000 in all (with 250 ms and every
-// dial kept, the rate grew with the dials waiting: 8, 12, 16, 20, 22 a
-// second over a connect's first five seconds, measured). And the
-// connection taken starts with the full initial congestion window: after
-// a SYN sent a third time Linux starts it at one segment, and a TLS
-// ClientHello with its post-quantum key share (1.5 KB, two segments) then
-// costs a round trip more (BENCHMARKS.md, run 11). The first dial lives
-// until the connect's deadline, so a path slower than it was measured
-// still connects.
+// Each attempt but a connect's first is given up after its life, 900 ms
+// on paths up to 225 ms: before the kernel would send its SYN again, so
+// that every SYN on the wire is a fresh attempt's, and the connection
+// taken starts with the full initial congestion window (after a SYN sent
+// a third time Linux starts it at one segment, and a TLS ClientHello with
+// its post-quantum key share, two segments, then costs a round trip
+// more). The first attempt lives until the connect's deadline, so a path
+// slower than it was measured still connects.
+//
+// One attempt at a time has binds out (conn.handshake): every bind of an
+// instance takes the name over from its other sessions, so a loser's bind
+// granted after the winner's would evict the winner.
 const (
-	// redialMin is the closest spacing of fresh dials: on a LAN, spacing
-	// them by the round trip would send thousands of SYNs a second.
-	redialMin = 50 * time.Millisecond
-	// redialMax is the spacing before any round trip was measured, and
-	// the widest: the wait for a SYN after the network is back is at most
-	// this.
-	redialMax = 250 * time.Millisecond
-	// dialLife is how long a fresh dial waits for its answer: under the
-	// kernel's 1 s initial SYN timeout (TCP_TIMEOUT_INIT), so it never
-	// sends a second SYN. On a path slower than dialLife/dialLifeRTTs
-	// (225 ms) it waits dialLifeRTTs round trips instead.
-	dialLife     = 900 * time.Millisecond
-	dialLifeRTTs = 4
-	// maxPendingDials bounds the sockets a connect holds at once; with
-	// the bounds above it binds only on paths slower than about a second.
-	maxPendingDials = 20
+	// restartMin is the closest spacing of fresh attempts: on a LAN a few
+	// round trips are less than the edge's registry takes to bind.
+	restartMin = 250 * time.Millisecond
+	// restartMax is the spacing before any round trip was measured, and
+	// the widest.
+	restartMax  = time.Second
+	restartRTTs = 4
+	// attemptLife is how long an attempt after the first may take; on a
+	// path slower than attemptLife/attemptLifeRTTs it has that many round
+	// trips instead.
+	attemptLife     = 900 * time.Millisecond
+	attemptLifeRTTs = 4
+	// maxAttempts bounds the sockets a connect holds at once: the first
+	// and the four a 900 ms life spans at 250 ms; it binds only on paths
+	// slower than about a second. An agent opens at most one connection
+	// per restartMin, 4 a second: 1,000 agents 4,000 a second.
+	maxAttempts = 5
 )
 
-// pace spaces one connect's dials while none has connected.
+// pace spaces one connect's attempts while none has finished.
 type pace struct {
-	every time.Duration // between fresh dials
-	life  time.Duration // how long a dial after the first waits for an answer
-	most  int           // dials pending at once
+	every time.Duration // between fresh attempts
+	life  time.Duration // how long an attempt after the first may take
+	most  int           // attempts pending at once
 }
 
 // paceFor is the pace for a path of round trip rtt, zero when none was
 // measured yet.
 func paceFor(rtt time.Duration) pace {
-	p := pace{every: redialMax, life: max(dialLife, dialLifeRTTs*rtt), most: maxPendingDials}
+	p := pace{every: restartMax, life: max(attemptLife, attemptLifeRTTs*rtt), most: maxAttempts}
 	if rtt > 0 {
-		p.every = min(max(rtt, redialMin), redialMax)
+		p.every = min(max(restartRTTs*rtt, restartMin), restartMax)
 	}
 	return p
 }
 
-// isTimeout reports whether err is a dial's deadline passing: the dialer
-// may report it before the context's own timer has marked it done.
+// isTimeout reports whether err is an attempt's deadline passing: the
+// dialer may report it before the context's own timer has marked it done.
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
 }
 
-// errNoAnswer means no dial got an answer, not even a refusal, before the
-// connect's deadline: the network, or the path to the edge, is silent.
+// errNoAnswer means no attempt finished, or failed, before the connect's
+// deadline: the network, or the path to the edge, is silent.
 var errNoAnswer = errors.New("agent: no answer from the edge's address")
 
-// dialStaggered calls dial at once and again every p.every while none has
-// connected and fewer than p.most wait, and returns the first connection.
-// The first dial waits until ctx ends, each later one p.life. When it
-// returns, the other dials are cancelled and waited for, and any that
-// connected closed. A dial that fails fast (refused, unreachable) ends it
-// with that error.
-func dialStaggered(ctx context.Context, p pace, dial func(context.Context) (net.Conn, error)) (net.Conn, error) {
+// staggered calls attempt at once and again every p.every while none has
+// finished and fewer than p.most wait, and returns the first to succeed.
+// The first attempt lasts until ctx ends, each later one p.life. When it
+// returns, the other attempts are cancelled and waited for, and any that
+// succeeded closed. An attempt that fails fast (refused, unreachable, an
+// edge's refusal) ends it with that error.
+func staggered[T io.Closer](ctx context.Context, p pace, attempt func(context.Context) (T, error)) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type result struct {
-		c       net.Conn
+		c       T
 		err     error
 		expired bool // its life, or the connect, ended it
 	}
@@ -209,24 +255,24 @@ func dialStaggered(ctx context.Context, p pace, dial func(context.Context) (net.
 	defer func() {
 		cancel()
 		for ; pending > 0; pending-- {
-			if r := <-results; r.c != nil {
+			if r := <-results; r.err == nil {
 				r.c.Close()
 			}
 		}
 	}()
 	start := func(life time.Duration) {
 		pending++
-		dctx, dcancel := context.WithCancel(ctx)
+		actx, acancel := context.WithCancel(ctx)
 		go func() {
-			defer dcancel()
+			defer acancel()
 			if life > 0 {
-				// A cancel, not a deadline: the dial returns only once
-				// dctx is done, so its end is told from a fast failure.
-				stop := time.AfterFunc(life, dcancel)
+				// A cancel, not a deadline: the attempt returns only once
+				// actx is done, so its end is told from a fast failure.
+				stop := time.AfterFunc(life, acancel)
 				defer stop.Stop()
 			}
-			c, err := dial(dctx)
-			results <- result{c, err, err != nil && dctx.Err() != nil}
+			c, err := attempt(actx)
+			results <- result{c, err, err != nil && actx.Err() != nil}
 		}()
 	}
 	start(0)
@@ -246,48 +292,58 @@ func dialStaggered(ctx context.Context, p pace, dial func(context.Context) (net.
 			case r.expired || isTimeout(r.err):
 				// Silence: its life or the connect's deadline ended it.
 			default:
-				return nil, r.err
+				var zero T
+				return zero, r.err
 			}
 		case <-ctx.Done():
-			return nil, fmt.Errorf("%w: %w", errNoAnswer, context.Cause(ctx))
+			var zero T
+			return zero, fmt.Errorf("%w: %w", errNoAnswer, context.Cause(ctx))
 		}
 	}
 }
 
-// handshake sends the hello and binds every tunnel. When no tunnel needs
-// a feature the edge must confirm in its hello_ok, the binds follow the
-// hello at once, without waiting for its answer: the edge reads them in
-// order, so they cost no round trip of their own. A hello the edge refuses
-// ends the session, binds unread.
-func (c *conn) handshake(deadline time.Time, takeover bool) error {
+// handshake sends the hello and binds every tunnel, and reads the edge's
+// answers. When no tunnel needs a feature the edge must confirm in its
+// hello_ok, the binds follow the hello at once, without waiting for its
+// answer: the edge reads them in order, so they cost no round trip of
+// their own. A hello the edge refuses ends the session, binds unread.
+// The binds go out only once the attempt holds binding: the edge gives a
+// name to the later of two binds of an instance, so a second attempt's
+// binds, answered after the first's, would take the name from the
+// attempt that won.
+func (c *conn) handshake(ctx context.Context, takeover bool, binding chan struct{}) error {
 	a := c.a
 	ctrl, err := c.ys.OpenStream()
 	if err != nil {
 		return fmt.Errorf("open control stream: %w", err)
 	}
-	c.ctrl = ctrl
-	ctrl.SetDeadline(deadline)
-	defer ctrl.SetDeadline(time.Time{})
+	c.ctrl, c.takeover = ctrl, takeover
 	sent := time.Now()
 	if err := mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: a.cfg.InstanceID, Token: a.cfg.Token, Agent: "ngstone"}); err != nil {
 		return fmt.Errorf("hello: %w", err)
 	}
-	var bound []*tunnel
 	early := len(a.needs()) == 0
-	if early {
-		if bound, err = c.sendBinds(takeover); err != nil {
+	if !early {
+		if err := c.readHelloOK(sent); err != nil {
 			return err
 		}
 	}
-	if err := c.readHelloOK(sent); err != nil {
+	select {
+	case binding <- struct{}{}:
+		c.binding = true
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	sentBinds, err := c.sendBinds()
+	if err != nil {
 		return err
 	}
-	if !early {
-		if bound, err = c.sendBinds(takeover); err != nil {
+	if early {
+		if err := c.readHelloOK(sent); err != nil {
 			return err
 		}
 	}
-	return c.bindAll(bound, takeover)
+	return c.readBinds(sentBinds)
 }
 
 // readHelloOK reads the edge's answer to the hello sent at sent.
@@ -301,8 +357,7 @@ func (c *conn) readHelloOK(sent time.Time) error {
 	case *mux.HelloOK:
 		// The first measure of the round trip, until a heartbeat's.
 		a.setLatency(time.Since(sent))
-		c.id = m.SessionID
-		a.useResponseHeadLimit(m.MaxResponseHead)
+		c.id, c.maxHead = m.SessionID, m.MaxResponseHead
 		c.spare = slices.Contains(m.Features, mux.FeatureSpareStream)
 		return a.edgeDoes(m.Features)
 	case *mux.Error:
@@ -317,7 +372,7 @@ func (c *conn) readHelloOK(sent time.Time) error {
 
 // sendBinds sends a bind for every tunnel whose name is not gone for good,
 // with takeover after a reconnect, and returns those tunnels in order.
-func (c *conn) sendBinds(takeover bool) ([]*tunnel, error) {
+func (c *conn) sendBinds() ([]*tunnel, error) {
 	a := c.a
 	var sent []*tunnel
 	for _, t := range a.tunnels {
@@ -327,7 +382,7 @@ func (c *conn) sendBinds(takeover bool) ([]*tunnel, error) {
 		if gone {
 			continue
 		}
-		bind := &mux.Bind{Subdomain: name, Takeover: takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
+		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
 		if t.cfg.Hostname != "" {
 			bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
 		}
@@ -339,24 +394,69 @@ func (c *conn) sendBinds(takeover bool) ([]*tunnel, error) {
 	return sent, nil
 }
 
-// bindAll reads the answers to the binds of sent, in order. A tunnel
-// refused (or whose name another agent took) is left out from then on and
-// the others are bound; the session fails only when a bind fails in a way
-// worth retrying, or when no tunnel is left.
-func (c *conn) bindAll(sent []*tunnel, takeover bool) error {
-	a := c.a
-	bound := 0
+// bindReply is the edge's answer to one tunnel's bind: the name granted,
+// or why it is gone for good (refused, or another agent's).
+type bindReply struct {
+	t    *tunnel
+	ok   *mux.BindOK
+	lost error
+}
+
+// readBinds reads the answers to the binds of sent, in order. The attempt
+// fails only when a bind fails in a way worth retrying.
+func (c *conn) readBinds(sent []*tunnel) error {
 	for _, t := range sent {
-		err := c.bound(t, takeover)
-		var re *RefusedError
-		switch {
-		case err == nil:
-			bound++
-		case errors.Is(err, ErrEvicted) || errors.As(err, &re):
-			a.lose(t, err)
-		default:
+		r, err := c.bound(t)
+		if err != nil {
 			return t.wrap(err)
 		}
+		c.answers = append(c.answers, r)
+	}
+	return nil
+}
+
+// bound reads the edge's answer to t's bind.
+func (c *conn) bound(t *tunnel) (bindReply, error) {
+	a := c.a
+	a.mu.Lock()
+	held := t.st.Hostname != ""
+	a.mu.Unlock()
+	msg, err := mux.Read(c.ctrl)
+	if err != nil {
+		return bindReply{}, fmt.Errorf("bind: %w", err)
+	}
+	switch m := msg.(type) {
+	case *mux.BindOK:
+		return bindReply{t: t, ok: m}, nil
+	case *mux.BindError:
+		if mux.Retryable(m.Code) {
+			return bindReply{}, fmt.Errorf("bind: %s", m.Message)
+		}
+		if m.Code == mux.CodeSubdomainTaken && held {
+			// The name this agent held is another instance's now: taken
+			// over while this one was away, after the edge had closed its
+			// silent session (so no evicted reached it).
+			return bindReply{t: t, lost: newEvictedError(m.Code, m.By)}, nil
+		}
+		return bindReply{t: t, lost: &RefusedError{Code: m.Code, Message: m.Message}}, nil
+	}
+	return bindReply{}, fmt.Errorf("bind: unexpected %s", msg.MessageType())
+}
+
+// adopt makes c the agent's session: each tunnel bound, or left out from
+// then on when refused (or its name another agent's). It fails when no
+// tunnel is left.
+func (c *conn) adopt() error {
+	a := c.a
+	a.useResponseHeadLimit(c.maxHead)
+	bound := 0
+	for _, r := range c.answers {
+		if r.ok == nil {
+			a.lose(r.t, r.lost)
+			continue
+		}
+		c.take(r.t, r.ok)
+		bound++
 	}
 	if bound == 0 {
 		return a.noneLeft()
@@ -367,43 +467,20 @@ func (c *conn) bindAll(sent []*tunnel, takeover bool) error {
 	return nil
 }
 
-// bound reads the edge's answer to t's bind.
-func (c *conn) bound(t *tunnel, takeover bool) error {
+// take records the name m granted to t on this session.
+func (c *conn) take(t *tunnel, m *mux.BindOK) {
 	a := c.a
+	c.mu.Lock()
+	c.held[m.Hostname] = t
+	c.mu.Unlock()
 	a.mu.Lock()
-	held := t.st.Hostname != ""
+	a.hosts[m.Hostname] = t
+	if t.cfg.Hostname == "" {
+		t.ask = label(m.Hostname) // a random name is kept for the rebinds
+	}
+	t.st.State, t.st.Hostname, t.st.URL, t.st.URLs, t.st.Generation, t.st.Err = TunnelOnline, m.Hostname, m.URL, m.URLs, m.Generation, nil
 	a.mu.Unlock()
-	msg, err := mux.Read(c.ctrl)
-	if err != nil {
-		return fmt.Errorf("bind: %w", err)
-	}
-	switch m := msg.(type) {
-	case *mux.BindOK:
-		c.mu.Lock()
-		c.held[m.Hostname] = t
-		c.mu.Unlock()
-		a.mu.Lock()
-		a.hosts[m.Hostname] = t
-		if t.cfg.Hostname == "" {
-			t.ask = label(m.Hostname) // a random name is kept for the rebinds
-		}
-		t.st.State, t.st.Hostname, t.st.URL, t.st.URLs, t.st.Generation, t.st.Err = TunnelOnline, m.Hostname, m.URL, m.URLs, m.Generation, nil
-		a.mu.Unlock()
-		t.log.Debug("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", takeover)
-		return nil
-	case *mux.BindError:
-		if mux.Retryable(m.Code) {
-			return fmt.Errorf("bind: %s", m.Message)
-		}
-		if m.Code == mux.CodeSubdomainTaken && held {
-			// The name this agent held is another instance's now: taken
-			// over while this one was away, after the edge had closed its
-			// silent session (so no evicted reached it).
-			return newEvictedError(m.Code, m.By)
-		}
-		return &RefusedError{Code: m.Code, Message: m.Message}
-	}
-	return fmt.Errorf("bind: unexpected %s", msg.MessageType())
+	t.log.Debug("online", "url", m.URL, "generation", m.Generation, "session", c.id, "takeover", c.takeover)
 }
 
 // lose marks t's name as gone for good, for err (refused, or evicted).

@@ -12,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"math/big"
 	"net"
@@ -121,24 +122,27 @@ func (s *selfSigned) reload() error { return nil }
 func (s *selfSigned) close() error  { return nil }
 
 // loadOrCreateCA returns the CA under dir, creating it on first use. The CA
-// persists so that agents keep trusting the edge across restarts.
+// persists so that agents keep trusting the edge across restarts. Edges
+// starting at once on one fresh dir (two `ngstone http` sharing a cache)
+// end with one CA: the first to place its key makes it, the others read
+// it (createCA).
 func loadOrCreateCA(dir string, log *slog.Logger) (*x509.Certificate, crypto.Signer, error) {
 	certPath, keyPath := filepath.Join(dir, CAFile), filepath.Join(dir, CAKeyFile)
-	pair, err := tls.LoadX509KeyPair(certPath, keyPath)
-	if err == nil {
-		signer, ok := pair.PrivateKey.(crypto.Signer)
-		if !ok {
-			return nil, nil, fmt.Errorf("data-dir %s: %s holds no signing key", dir, CAKeyFile)
-		}
-		return pair.Leaf, signer, nil
-	}
+	ca, key, err := loadCA(certPath, keyPath)
 	if !errors.Is(err, os.ErrNotExist) {
-		return nil, nil, fmt.Errorf("data-dir %s: load CA: %w", dir, err)
+		if err != nil {
+			return nil, nil, fmt.Errorf("data-dir %s: load CA: %w", dir, err)
+		}
+		return ca, key, nil
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, nil, fmt.Errorf("data-dir %s: %w", dir, err)
 	}
-	ca, key, err := createCA(certPath, keyPath)
+	ca, key, err = createCA(certPath, keyPath)
+	if errors.Is(err, fs.ErrExist) {
+		// Another edge placed its key first: its certificate follows.
+		return awaitCA(dir, certPath, keyPath)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("data-dir %s: create CA: %w", dir, err)
 	}
@@ -146,6 +150,43 @@ func loadOrCreateCA(dir string, log *slog.Logger) (*x509.Certificate, crypto.Sig
 	return ca, key, nil
 }
 
+// loadCA reads the CA's certificate and key; an error matching
+// os.ErrNotExist when either is missing.
+func loadCA(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
+	pair, err := tls.LoadX509KeyPair(certPath, keyPath)
+	if err != nil {
+		return nil, nil, err
+	}
+	signer, ok := pair.PrivateKey.(crypto.Signer)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s holds no signing key", CAKeyFile)
+	}
+	return pair.Leaf, signer, nil
+}
+
+// awaitCA waits (up to caWait) for the CA another edge is creating in dir.
+func awaitCA(dir, certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
+	deadline := time.Now().Add(caWait)
+	for {
+		ca, key, err := loadCA(certPath, keyPath)
+		if err == nil || time.Now().After(deadline) {
+			if err != nil {
+				err = fmt.Errorf("data-dir %s: another process began a CA there and did not finish it in %s: %w (remove %s to start over)", dir, caWait, err, CAKeyFile)
+			}
+			return ca, key, err
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// caWait bounds the wait for a CA another edge is writing: a few file
+// writes, unless it died half way.
+const caWait = 5 * time.Second
+
+// createCA makes a CA and places its key at keyPath, then its certificate
+// at certPath. The key is placed with a hard link, which fails (fs.ErrExist)
+// where another process placed one first; the certificate replaces any
+// left without its key.
 func createCA(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -169,10 +210,20 @@ func createCA(certPath, keyPath string) (*x509.Certificate, crypto.Signer, error
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := writePEM(keyPath, "PRIVATE KEY", keyDER, 0o600); err != nil {
+	keyTmp, err := writeTempPEM(keyPath, "PRIVATE KEY", keyDER, 0o600)
+	if err != nil {
 		return nil, nil, err
 	}
-	if err := writePEM(certPath, "CERTIFICATE", der, 0o644); err != nil {
+	defer os.Remove(keyTmp)
+	if err := os.Link(keyTmp, keyPath); err != nil {
+		return nil, nil, err
+	}
+	certTmp, err := writeTempPEM(certPath, "CERTIFICATE", der, 0o644)
+	if err == nil {
+		err = os.Rename(certTmp, certPath)
+	}
+	if err != nil {
+		os.Remove(keyPath) // no key without its certificate: the next start makes both
 		return nil, nil, err
 	}
 	ca, err := x509.ParseCertificate(der)
@@ -231,10 +282,23 @@ func randomSerial() *big.Int {
 	return n
 }
 
-func writePEM(path, typ string, der []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), mode); err != nil {
-		return err
+// writeTempPEM writes der as PEM to a new file beside path and returns its
+// name.
+func writeTempPEM(path, typ string, der []byte, mode os.FileMode) (string, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return "", err
 	}
-	return os.Rename(tmp, path)
+	_, err = f.Write(pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}))
+	if err == nil {
+		err = f.Chmod(mode)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", err
+	}
+	return f.Name(), nil
 }

@@ -2,11 +2,14 @@ package certs
 
 import (
 	"bytes"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -87,6 +90,45 @@ func TestCloseBeforeStart(t *testing.T) {
 		}
 		if err := m.Close(); err != nil {
 			t.Errorf("%s: second Close: %v", cfg.Mode, err)
+		}
+	}
+}
+
+// TestSelfSignedCAMadeOnce: edges starting at once on one fresh data dir
+// (two `ngstone http` sharing a cache) all end with the same CA, its key
+// the key of its certificate, and no temporary file left behind.
+func TestSelfSignedCAMadeOnce(t *testing.T) {
+	t.Parallel()
+	for round := range 20 {
+		dir := filepath.Join(t.TempDir(), "data")
+		const n = 8
+		cas := make([]*x509.Certificate, n)
+		errs := make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				ca, key, err := loadOrCreateCA(dir, testLogger(t))
+				if err == nil && !key.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(ca.PublicKey) {
+					err = errors.New("the key is not the certificate's")
+				}
+				cas[i], errs[i] = ca, err
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil {
+				t.Fatalf("round %d, edge %d: %v", round, i, errs[i])
+			}
+			if !cas[i].Equal(cas[0]) {
+				t.Fatalf("round %d: edge %d has another CA than edge 0", round, i)
+			}
+		}
+		onDisk, key, err := loadCA(filepath.Join(dir, CAFile), filepath.Join(dir, CAKeyFile))
+		if err != nil || !onDisk.Equal(cas[0]) || !key.Public().(interface{ Equal(crypto.PublicKey) bool }).Equal(onDisk.PublicKey) {
+			t.Fatalf("round %d: the CA on disk is not the one the edges use (%v)", round, err)
+		}
+		if left, _ := filepath.Glob(filepath.Join(dir, ".*")); len(left) > 0 {
+			t.Fatalf("round %d: temporary files left: %v", round, left)
 		}
 	}
 }

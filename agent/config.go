@@ -47,8 +47,9 @@ type Config struct {
 	// HeartbeatTimeout: with no answer to heartbeats for this long the
 	// agent declares its session dead and dials anew. Zero means 45s.
 	HeartbeatTimeout time.Duration
-	// DialTimeout bounds the TCP dial, TLS handshake, hello and binds of
-	// one connection attempt. Zero means 10s.
+	// DialTimeout bounds one connect to the edge as a whole: its staggered
+	// attempts, each a TCP dial, TLS handshake, hello and binds. Zero
+	// means 10s.
 	DialTimeout time.Duration
 	// BackoffBase and BackoffCap shape the decorrelated-jitter reconnect
 	// backoff. Zero means 500ms and 30s.

@@ -36,7 +36,7 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("upstream-protocol", agent.ProtocolHTTP1, "what to speak to the local service: http1, or http2 (h2c to http://, h2 to https://; for gRPC servers)")
 	fs.Duration("heartbeat-interval", d.HeartbeatInterval, "how often to heartbeat the edge")
 	fs.Duration("heartbeat-timeout", d.HeartbeatTimeout, "reconnect when the edge has not answered heartbeats for this long")
-	fs.Duration("dial-timeout", d.DialTimeout, "bound on dialing the edge, TLS handshake, hello and bind")
+	fs.Duration("dial-timeout", d.DialTimeout, "bound on one connect to the edge (its staggered attempts: dial, TLS handshake, hello and binds)")
 	fs.Duration("drain-timeout", d.DrainTimeout, "how long requests in flight may finish on a closing session")
 	fs.Bool("inspect", true, "serve the inspector (a web page of the last requests, their bodies, replay) and the local API (/api/tunnels) on --inspect-addr")
 	fs.String("inspect-addr", d.InspectAddr, "loopback HOST:PORT of the inspector and the local API; the default moves to the next free port up to 4049 when taken")

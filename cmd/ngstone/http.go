@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -199,18 +200,29 @@ func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error
 		dir = os.TempDir()
 	}
 	cfg := embeddedEdgeConfig(filepath.Join(dir, "ngstone"))
-	cfg.HTTPAddr = freeOr(cfg.HTTPAddr)
-	cfg.HTTPSAddr = freeOr(cfg.HTTPSAddr)
-	// Not "component": the edge's parts (certs) set their own.
-	e, err := edge.New(cfg, log.With("edge", "embedded"))
-	if err != nil {
-		return nil, err
+	for try := 1; ; try++ {
+		// Not "component": the edge's parts (certs) set their own.
+		e, err := edge.New(cfg, log.With("edge", "embedded"))
+		if err != nil {
+			return nil, err
+		}
+		err = e.Start(ctx)
+		if err == nil {
+			return e, nil
+		}
+		e.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) || try == embeddedTries {
+			return nil, fmt.Errorf("embedded edge: %w", err)
+		}
+		// Another process has a port (an agent started beside this one):
+		// take any free one for what cannot be had.
+		cfg.HTTPAddr, cfg.HTTPSAddr = freeOr(cfg.HTTPAddr), freeOr(cfg.HTTPSAddr)
 	}
-	if err := e.Start(ctx); err != nil {
-		return nil, fmt.Errorf("embedded edge: %w", err)
-	}
-	return e, nil
 }
+
+// embeddedTries bounds the embedded edge's starts when its ports are
+// taken between the look and the listen.
+const embeddedTries = 3
 
 // freeOr returns addr if it can be bound now, else a free port on its host.
 func freeOr(addr string) string {

@@ -1,7 +1,7 @@
 // Package certs provides the edge's TLS configuration, one mode per
 // --tls-mode:
 //
-//   - certmagic (the production default): one wildcard certificate for
+//   - certmagic (for a public edge with a DNS API): one wildcard certificate for
 //     *.DOMAIN and one for DOMAIN, obtained from an ACME CA through DNS-01
 //     with a DNS provider from config; with OnDemand, a certificate per
 //     hostname issued at its first handshake, only for hostnames the

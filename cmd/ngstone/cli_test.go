@@ -329,3 +329,15 @@ func waitHealthy(t *testing.T, admin string) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// dataDirCA is the pool of the self-signed CA an edge wrote to data.
+func dataDirCA(t *testing.T, data string) *x509.CertPool {
+	t.Helper()
+	pem, err := os.ReadFile(filepath.Join(data, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	return roots
+}

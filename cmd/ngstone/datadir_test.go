@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/x509"
 	"os"
 	"os/user"
 	"path/filepath"
@@ -49,9 +48,7 @@ func TestEdgeDataDirOfAnotherUser(t *testing.T) {
 
 	e := startProc(t, nil, args...)
 	waitHealthy(t, admin)
-	pem, _ := os.ReadFile(filepath.Join(data, "ca.pem"))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	roots := dataDirCA(t, data)
 	(&rawEdgeAgent{control: "127.0.0.1:" + ports[1], roots: roots, id: agent.NewInstanceID()}).bindOnce(t)
 	e.cmd.Process.Signal(syscall.SIGKILL)
 	<-e.exited

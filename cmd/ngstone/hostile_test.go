@@ -215,9 +215,7 @@ func TestVisitorsThatNeverRead(t *testing.T) {
 		io.WriteString(c, "GET /big HTTP/1.1\r\nHost: big.ngstone.test\r\n\r\n")
 	}
 	// HTTP/2: ten connections of 100 streams, from 127.0.0.3.
-	pem, _ := os.ReadFile(filepath.Join(data, "ca.pem"))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	roots := dataDirCA(t, data)
 	h2 := &http.Transport{
 		DialContext:     dialFrom("127.0.0.3"),
 		TLSClientConfig: &tls.Config{RootCAs: roots, ServerName: "big.ngstone.test"},

@@ -234,9 +234,7 @@ func TestEdgeKilledMidBind(t *testing.T) {
 	args := edgeArgs(data, ports, "--heartbeat-timeout", "1m")
 	e := startProc(t, nil, args...)
 	waitHealthy(t, admin)
-	pem, _ := os.ReadFile(filepath.Join(data, "ca.pem"))
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
+	roots := dataDirCA(t, data)
 	a := &rawEdgeAgent{control: "127.0.0.1:" + ports[1], roots: roots, id: agent.NewInstanceID()}
 	last := map[string]acked{}
 	var top uint64

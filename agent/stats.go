@@ -1,19 +1,16 @@
 package agent
 
 import (
-	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 // The console's and the local API's counters, as ngrok's show them: each
 // exchange the edge opens a stream for is one connection. The quantiles
-// are a prometheus summary's (a streaming estimate over the last five
-// minutes), not kept durations.
+// are exact, of the durations of the connections that ended in the last
+// five minutes (the last durKeep of them at most).
 
 const (
 	// rateWindow is the longest rate the counters give (5 minutes), in
@@ -21,6 +18,8 @@ const (
 	rateWindow = 300
 	// recentKeep is how many ended requests the console can show.
 	recentKeep = 64
+	// durKeep bounds the durations the quantiles are taken over.
+	durKeep = 4096
 )
 
 // Request is one exchange as the console lists it.
@@ -55,25 +54,24 @@ type bucket struct {
 
 // stats counts connections. Its zero value is not ready: newStats.
 type stats struct {
-	open    atomic.Int64
-	summary prometheus.Summary
+	open atomic.Int64
 
 	mu      sync.Mutex
 	total   int64
 	buckets [rateWindow]bucket
 	recent  []Request // up to recentKeep; once full, the oldest at recent[oldest]
 	oldest  int       // where the next request goes once recent is full
+	durs    []ended   // up to durKeep; once full, the oldest at durs[durNext]
+	durNext int
 }
 
-func newStats() *stats {
-	return &stats{summary: prometheus.NewSummary(prometheus.SummaryOpts{
-		Name:       "ngstone_agent_connection_duration_seconds",
-		Help:       "Durations of the agent's connections.",
-		Objectives: map[float64]float64{0.5: 0.01, 0.9: 0.005},
-		MaxAge:     5 * time.Minute,
-		AgeBuckets: 5,
-	})}
+// ended is one connection's end and duration, for the quantiles.
+type ended struct {
+	at time.Time
+	d  time.Duration
 }
+
+func newStats() *stats { return &stats{} }
 
 // opened counts a connection that starts at now.
 func (s *stats) opened(now time.Time) {
@@ -91,7 +89,15 @@ func (s *stats) opened(now time.Time) {
 // closed counts r's connection as over.
 func (s *stats) closed(r Request) {
 	s.open.Add(-1)
-	s.summary.Observe(r.Duration.Seconds())
+	s.mu.Lock()
+	e := ended{at: r.Start.Add(r.Duration), d: r.Duration}
+	if len(s.durs) < durKeep {
+		s.durs = append(s.durs, e)
+	} else {
+		s.durs[s.durNext] = e
+		s.durNext = (s.durNext + 1) % durKeep
+	}
+	s.mu.Unlock()
 	s.keep(r)
 }
 
@@ -118,24 +124,23 @@ func (s *stats) snapshot(now time.Time) Stats {
 		// The newest is just before the oldest.
 		st.Recent[i] = s.recent[(s.oldest-1-i+2*n)%n]
 	}
-	s.mu.Unlock()
-	var m dto.Metric
-	if s.summary.Write(&m) == nil {
-		for _, q := range m.GetSummary().GetQuantile() {
-			v := q.GetValue()
-			if math.IsNaN(v) {
-				continue
-			}
-			d := time.Duration(v * float64(time.Second))
-			switch q.GetQuantile() {
-			case 0.5:
-				st.P50 = d
-			case 0.9:
-				st.P90 = d
-			}
+	ds := make([]time.Duration, 0, len(s.durs))
+	for _, e := range s.durs {
+		if now.Sub(e.at) < rateWindow*time.Second {
+			ds = append(ds, e.d)
 		}
 	}
+	s.mu.Unlock()
+	if len(ds) > 0 {
+		slices.Sort(ds)
+		st.P50, st.P90 = rank(ds, 50), rank(ds, 90)
+	}
 	return st
+}
+
+// rank is the p-th percentile of sorted, by nearest rank.
+func rank(sorted []time.Duration, p int) time.Duration {
+	return sorted[max((len(sorted)*p+99)/100-1, 0)]
 }
 
 // rateLocked is connections a second over the window seconds up to now.

@@ -38,10 +38,10 @@ func TestStats(t *testing.T) {
 	if want := 101.0 / 300; st.Rate5 != want {
 		t.Errorf("rate5 %.3f, want %.3f", st.Rate5, want)
 	}
-	// The summary holds all 220 durations it was given (none aged 5
-	// minutes of its own clock yet): 120 of 1 s, 100 of 1..100 ms.
-	if st.P50 != time.Second || st.P90 != time.Second {
-		t.Errorf("p50 %s p90 %s, want 1s (120 of 220 took 1s)", st.P50, st.P90)
+	// The quantiles are of the last 5 minutes too: the 100 of 1..100 ms,
+	// not the 120 of 1 s.
+	if st.P50 != 50*time.Millisecond || st.P90 != 90*time.Millisecond {
+		t.Errorf("p50 %s p90 %s, want 50ms and 90ms", st.P50, st.P90)
 	}
 	if len(st.Recent) != recentKeep || st.Recent[0].Duration != 100*time.Millisecond || st.Recent[recentKeep-1].Duration != 37*time.Millisecond {
 		t.Errorf("recent: %d kept, newest %s, oldest %s", len(st.Recent), st.Recent[0].Duration, st.Recent[len(st.Recent)-1].Duration)
@@ -66,20 +66,30 @@ func TestStatsRecentRing(t *testing.T) {
 	}
 }
 
-// TestStatsQuantiles: p50 and p90 of 1..1000 ms within the summary's
-// stated error.
+// TestStatsQuantiles: p50 and p90 of 1..1000 ms, by nearest rank; past
+// durKeep, of the last durKeep; and of one duration, that one.
 func TestStatsQuantiles(t *testing.T) {
 	s := newStats()
 	now := time.Now()
+	closeAfter := func(d time.Duration) {
+		s.opened(now.Add(-d))
+		s.closed(Request{Start: now.Add(-d), Duration: d})
+	}
+	closeAfter(time.Hour) // ended now: counted, and the longest
+	if st := s.snapshot(now); st.P50 != time.Hour || st.P90 != time.Hour {
+		t.Errorf("one duration: p50 %s p90 %s, want 1h", st.P50, st.P90)
+	}
+	s = newStats()
 	for i := range 1000 {
-		s.opened(now)
-		s.closed(Request{Duration: time.Duration(i+1) * time.Millisecond})
+		closeAfter(time.Duration(i+1) * time.Millisecond)
 	}
-	st := s.snapshot(now)
-	near := func(got, want time.Duration, rank float64) bool {
-		return got >= want-time.Duration(rank*1000)*time.Millisecond && got <= want+time.Duration(rank*1000)*time.Millisecond
+	if st := s.snapshot(now); st.P50 != 500*time.Millisecond || st.P90 != 900*time.Millisecond {
+		t.Errorf("p50 %s p90 %s, want 500ms and 900ms", st.P50, st.P90)
 	}
-	if !near(st.P50, 500*time.Millisecond, 0.01) || !near(st.P90, 900*time.Millisecond, 0.005) {
-		t.Errorf("p50 %s p90 %s, want 500ms±10ms and 900ms±5ms", st.P50, st.P90)
+	for range durKeep {
+		closeAfter(2 * time.Second)
+	}
+	if st := s.snapshot(now); st.P50 != 2*time.Second || st.P90 != 2*time.Second || len(s.durs) != durKeep {
+		t.Errorf("after durKeep more of 2s: p50 %s p90 %s, %d kept", st.P50, st.P90, len(s.durs))
 	}
 }

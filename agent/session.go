@@ -166,28 +166,15 @@ func (c *conn) Close() error {
 // tail of a response the network had not yet carried.
 const closeLinger = time.Second
 
-// A path can go silent in two ways. A SYN that gets no answer is sent
-// again after 1 s, and again and again (each second for the first four on
-// Linux since 6.5, then doubling); and where a stopped edge's kernel, or
-// a load balancer in front of a dead backend, still completes the TCP
-// handshake, the connection carries nothing, ever. Either way a connect
-// waiting on its first connection would wait out its DialTimeout after
-// the path is back. So while no attempt has finished, a fresh one starts
-// every few round trips (pace), each a whole connect: TCP, TLS, hello
-// and binds; the first to finish its binds is the session.
-//
-// Each attempt but a connect's first is given up after its life, 900 ms
-// on paths up to 225 ms: before the kernel would send its SYN again, so
-// that every SYN on the wire is a fresh attempt's, and the connection
-// taken starts with the full initial congestion window (after a SYN sent
-// a third time Linux starts it at one segment, and a TLS ClientHello with
-// its post-quantum key share, two segments, then costs a round trip
-// more). The first attempt lives until the connect's deadline, so a path
-// slower than it was measured still connects.
-//
-// One attempt at a time has binds out (conn.handshake): every bind of an
-// instance takes the name over from its other sessions, so a loser's bind
-// granted after the winner's would evict the winner.
+// A silent path (SYNs unanswered, or a connection whose handshake a
+// stopped edge's kernel or a balancer completed and that carries nothing)
+// must not hold a connect until its DialTimeout once the path is back: so
+// while no attempt has finished, a fresh one, a whole connect, starts
+// every few round trips (pace), and the first to finish its binds wins.
+// Each attempt but the first is given up before the kernel would send its
+// SYN again, so the one taken starts with a full congestion window. Only
+// one attempt at a time has binds out (conn.handshake): a loser's bind
+// granted after the winner's would evict it.
 const (
 	// restartMin is the closest spacing of fresh attempts: on a LAN a few
 	// round trips are less than the edge's registry takes to bind.

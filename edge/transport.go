@@ -178,20 +178,10 @@ func (w *stallWriter) Write(p []byte) (int, error) {
 }
 
 // awaitAccept waits, at most the tunnel timeout, until the agent has
-// accepted the stream and with that granted it its whole window. Written
-// at once, the body would leave as yamux's first window, then the rest a
-// round trip later, when the acceptance comes; over a lossy link that
-// first flight of a couple of hundred segments nearly always loses one,
-// and the edge's TCP sender, which has only that flight out when it sees
-// the loss, recovers with a congestion window its size: the upload then
-// took round trips to regain its rate, at half the download's over 100 ms
-// with 1% loss (BENCHMARKS.md, run 10). The wait costs the request head a
-// round trip; its body, which could not have gone further, nothing. A
-// body of unknown length does not wait: it may be a stream whose first
-// bytes are awaited. An agent that has not accepted the stream within the
-// tunnel timeout would not take the body either: the exchange ends as the
-// tunnel timeout ends it (504 tunnel_timeout), rather than hold the
-// visitor until it gives up.
+// accepted the stream and so granted its whole window: a known-length
+// body sent into yamux's first window alone recovers slowly from a loss
+// on a lossy link (BENCHMARKS.md). An agent that does not accept within
+// the tunnel timeout gets 504 tunnel_timeout.
 func (x *exchange) awaitAccept(ctx context.Context) error {
 	wctx, cancel := context.WithTimeout(ctx, x.timeout)
 	defer cancel()

@@ -199,3 +199,121 @@ func TestRetryDelaySilent(t *testing.T) {
 		t.Errorf("after a refusal: %v, want the backoff of at least its 1s base", d)
 	}
 }
+
+// sameTwoPorts listens on 127.0.0.1 and 127.0.0.2 at one port, as two edges
+// behind one name are; the first accepts and never answers, the second
+// greets each connection.
+func sameTwoPorts(t *testing.T) (port string) {
+	t.Helper()
+	for range 20 {
+		silent, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, port, _ = net.SplitHostPort(silent.Addr().String())
+		live, err := net.Listen("tcp", "127.0.0.2:"+port)
+		if err != nil {
+			silent.Close()
+			continue
+		}
+		var wg sync.WaitGroup
+		t.Cleanup(func() { silent.Close(); live.Close(); wg.Wait() })
+		wg.Go(func() {
+			var held []net.Conn // accepted, never answered, closed at the end
+			defer func() {
+				for _, c := range held {
+					c.Close()
+				}
+			}()
+			for {
+				c, err := silent.Accept()
+				if err != nil {
+					return
+				}
+				held = append(held, c)
+			}
+		})
+		wg.Go(func() {
+			for {
+				c, err := live.Accept()
+				if err != nil {
+					return
+				}
+				c.Write([]byte("edge\n"))
+				c.Close()
+			}
+		})
+		return port
+	}
+	t.Skip("no port free on both 127.0.0.1 and 127.0.0.2")
+	return ""
+}
+
+// TestDialEdgeRotates: the n-th attempt dials a name's addresses from its
+// n-th on, and goes on to the next one that refuses; an address is dialed
+// as it is.
+func TestDialEdgeRotates(t *testing.T) {
+	port := sameTwoPorts(t)
+	both := func(context.Context, string) ([]string, error) { return []string{"127.0.0.1", "127.0.0.2"}, nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for n, want := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.1"} {
+		c, err := dialEdge(ctx, "edges.test:"+port, n, both)
+		if err != nil {
+			t.Fatalf("attempt %d: %v", n, err)
+		}
+		if got, _, _ := net.SplitHostPort(c.RemoteAddr().String()); got != want {
+			t.Errorf("attempt %d dialed %s, want %s", n, got, want)
+		}
+		c.Close()
+	}
+	// 127.0.0.3 refuses: the attempt that starts there goes on.
+	refusing := func(context.Context, string) ([]string, error) { return []string{"127.0.0.3", "127.0.0.2"}, nil }
+	c, err := dialEdge(ctx, "edges.test:"+port, 0, refusing)
+	if err != nil {
+		t.Fatalf("past a refusing address: %v", err)
+	}
+	c.Close()
+	if _, err := dialEdge(ctx, "edges.test:"+port, 0, func(context.Context, string) ([]string, error) { return []string{"127.0.0.3"}, nil }); !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("only a refusing address: %v, want connection refused", err)
+	}
+	c, err = dialEdge(ctx, "127.0.0.2:"+port, 5, nil) // an address: no lookup
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+}
+
+// TestStaggeredPastASilentEdge: of two edges behind one name, the first
+// accepts connections and never answers (a stopped process); a connect
+// whose attempts each wait for the edge's first bytes reaches the second
+// one attempt later, not at its deadline.
+func TestStaggeredPastASilentEdge(t *testing.T) {
+	port := sameTwoPorts(t)
+	both := func(context.Context, string) ([]string, error) { return []string{"127.0.0.1", "127.0.0.2"}, nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var n atomic.Int64
+	start := time.Now()
+	c, err := staggered(ctx, pace{every: 100 * time.Millisecond, life: 15 * time.Second, most: 5}, func(ctx context.Context) (net.Conn, error) {
+		c, err := dialEdge(ctx, "edges.test:"+port, int(n.Add(1)-1), both)
+		if err != nil {
+			return nil, err
+		}
+		stop := context.AfterFunc(ctx, func() { c.Close() })
+		defer stop()
+		if _, err := c.Read(make([]byte, 5)); err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	})
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	defer c.Close()
+	if got, _, _ := net.SplitHostPort(c.RemoteAddr().String()); got != "127.0.0.2" || n.Load() < 2 {
+		t.Errorf("connected to %s after %d attempts, want 127.0.0.2 on the second or later", got, n.Load())
+	}
+	t.Logf("through the second edge after %v", time.Since(start).Round(time.Millisecond))
+}

@@ -86,8 +86,9 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.DialTimeout)
 	defer cancel()
 	binding := make(chan struct{}, 1)
+	var n atomic.Int64
 	c, err := staggered(ctx, paceFor(a.latency()), func(ctx context.Context) (*conn, error) {
-		return a.attempt(ctx, tc, takeover, binding)
+		return a.attempt(ctx, tc, takeover, binding, int(n.Add(1)-1))
 	})
 	if errors.Is(err, errNoAnswer) {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
@@ -102,11 +103,11 @@ func (a *Agent) connect(ctx context.Context, tc *tls.Config, takeover bool) (*co
 	return c, nil
 }
 
-// attempt is one of a connect's attempts; it ends when ctx does. It sends
-// binds only while it holds binding, which it keeps if it returns a conn.
-func (a *Agent) attempt(ctx context.Context, tc *tls.Config, takeover bool, binding chan struct{}) (*conn, error) {
-	d := &net.Dialer{KeepAlive: 15 * time.Second}
-	raw, err := d.DialContext(ctx, "tcp", a.cfg.Edge)
+// attempt is the n-th of a connect's attempts; it ends when ctx does. It
+// sends binds only while it holds binding, which it keeps if it returns a
+// conn.
+func (a *Agent) attempt(ctx context.Context, tc *tls.Config, takeover bool, binding chan struct{}, n int) (*conn, error) {
+	raw, err := dialEdge(ctx, a.cfg.Edge, n, net.DefaultResolver.LookupHost)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", a.cfg.Edge, err)
 	}
@@ -150,6 +151,40 @@ func (a *Agent) open(ctx context.Context, raw net.Conn, tc *tls.Config) (*conn, 
 	}
 	return &conn{a: a, ys: ys, raw: raw, held: map[string]*tunnel{}, events: make(chan error, 1),
 		unbound: make(chan string, maxTunnels), readerDone: make(chan struct{})}, nil
+}
+
+// dialEdge dials addr, the edge. A name of several addresses (edges behind
+// round-robin DNS) is dialed from its n-th address on, each in turn until
+// one connects: each attempt of a connect starts at the next, so an edge
+// that accepts and then says nothing (stopped, or a dead backend behind a
+// balancer) holds up only the attempts that start there.
+func dialEdge(ctx context.Context, addr string, n int, lookup func(context.Context, string) ([]string, error)) (net.Conn, error) {
+	d := &net.Dialer{KeepAlive: 15 * time.Second}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if net.ParseIP(host) != nil {
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	ips, err := lookup(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	var first error
+	for i := range ips {
+		c, err := d.DialContext(ctx, "tcp", net.JoinHostPort(ips[(n+i)%len(ips)], port))
+		if err == nil || ctx.Err() != nil {
+			return c, err
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if first == nil {
+		first = fmt.Errorf("%s has no address", host)
+	}
+	return nil, first
 }
 
 // Close ends a session that never served: its socket at once, as nothing

@@ -246,6 +246,7 @@ func (e *Edge) serveVisitors(q *drainingListener, ln net.Listener, h http.Handle
 	v := e.newVisitorServer(ln, h, tc)
 	v.queue = q
 	e.visitors = append(e.visitors, v)
+	v.start()
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()

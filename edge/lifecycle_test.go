@@ -187,3 +187,20 @@ func TestFailedReleaseRetried(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseRightAfterStart: an edge closed as soon as it has started waits
+// for every goroutine its listeners started, the TLS terminator's accept
+// loop among them (the race detector saw Close's wait run before that
+// loop was counted).
+func TestCloseRightAfterStart(t *testing.T) {
+	for range 200 {
+		e, err := edge.New(tunneltest.EdgeConfig(t), tunneltest.Logger())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Start(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		e.Close()
+	}
+}

@@ -115,11 +115,21 @@ const (
 	maxVisitorStreams = 100
 )
 
-// serve runs the listener until close.
+// serve runs the listener until close, the TLS terminator started by
+// start.
 func (v *visitorServer) serve() error {
 	if v.tls == nil {
 		defer close(v.served)
 		return v.srv.Serve(taggingListener{Listener: v.ln, m: v.e.metrics})
+	}
+	return v.srv.Serve(&chanListener{v: v})
+}
+
+// start starts the TLS terminator's accept loop, before serve's goroutine:
+// counted in v.wg before close can wait for it.
+func (v *visitorServer) start() {
+	if v.tls == nil {
+		return
 	}
 	v.wg.Add(1)
 	go func() {
@@ -132,7 +142,6 @@ func (v *visitorServer) serve() error {
 			}()
 		})
 	}()
-	return v.srv.Serve(&chanListener{v: v})
 }
 
 // handshake runs a TLS handshake within ReadHeaderTimeout and hands the

@@ -657,10 +657,15 @@ func (u *upgradedBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Write counts p before it writes it: the local service may answer, and
+// the exchange end, before a count after the write would be made.
 func (u *upgradedBody) Write(p []byte) (int, error) {
-	n, err := u.ReadWriteCloser.Write(p)
 	if u.x.cap != nil {
-		u.x.cap.req.upgraded.Add(int64(n))
+		u.x.cap.req.upgraded.Add(int64(len(p)))
+	}
+	n, err := u.ReadWriteCloser.Write(p)
+	if u.x.cap != nil && n < len(p) {
+		u.x.cap.req.upgraded.Add(int64(n - len(p)))
 	}
 	return n, err
 }

@@ -214,25 +214,34 @@ func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error
 		if !errors.Is(err, syscall.EADDRINUSE) || try == embeddedTries {
 			return nil, fmt.Errorf("embedded edge: %w", err)
 		}
-		// Another process has a port (an agent started beside this one):
-		// take any free one for what cannot be had.
-		cfg.HTTPAddr, cfg.HTTPSAddr = freeOr(cfg.HTTPAddr), freeOr(cfg.HTTPSAddr)
+		// Another process has the port (an agent started beside this one):
+		// any free one instead, for that address only.
+		taken := addrOf(err)
+		for _, a := range []*string{&cfg.HTTPAddr, &cfg.HTTPSAddr} {
+			if *a == taken || taken == "" {
+				*a = anyPort(*a)
+			}
+		}
 	}
+}
+
+// addrOf is the address a failed listen was for; empty if err names none.
+func addrOf(err error) string {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Addr != nil {
+		return op.Addr.String()
+	}
+	return ""
 }
 
 // embeddedTries bounds the embedded edge's starts when its ports are
 // taken between the look and the listen.
 const embeddedTries = 3
 
-// freeOr returns addr if it can be bound now, else a free port on its host.
-func freeOr(addr string) string {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		host, _, _ := net.SplitHostPort(addr)
-		return net.JoinHostPort(host, "0")
-	}
-	ln.Close()
-	return addr
+// anyPort is addr's host with port 0: any free port.
+func anyPort(addr string) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(host, "0")
 }
 
 // statusPrinter shows the agent's state off a terminal: the Forwarding

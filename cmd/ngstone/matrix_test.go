@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -167,12 +166,6 @@ func newMatrixSetup(t *testing.T, embedded, inspect bool) *matrixSetup {
 	return s
 }
 
-// embeddedStart serializes the matrix's embedded edges until they listen:
-// each checks that 127.0.0.1:8080 and :8443 are free (freeOr) before it
-// binds them, so of two started at once one can fail (address already in
-// use); and the first of a cache creates the CA the others load.
-var embeddedStart sync.Mutex
-
 // agent starts `ngstone http local` with the setup's flags and extra, and
 // returns its tunnel once it prints its two Forwarding lines.
 func (s *matrixSetup) agent(t *testing.T, local string, extra ...string) matrixTunnel {
@@ -184,10 +177,6 @@ func (s *matrixSetup) agent(t *testing.T, local string, extra ...string) matrixT
 		args = append(args, "--inspect=false")
 	}
 	args = append(args, extra...)
-	if s.embedded {
-		embeddedStart.Lock()
-		defer embeddedStart.Unlock()
-	}
 	p := startProc(t, s.env, args...)
 	s.agents = append(s.agents, p)
 	var tu matrixTunnel

@@ -233,12 +233,12 @@ type Inspector struct {
 
 	mu   sync.Mutex
 	next uint64
-	ring []Capture // up to inspectKeep; once full, the oldest at ring[oldest]
-	// oldest is where the next capture goes once the ring is full.
-	oldest int
+	ring ring[Capture]
 }
 
-func newInspector(a *Agent) *Inspector { return &Inspector{a: a} }
+func newInspector(a *Agent) *Inspector {
+	return &Inspector{a: a, ring: ring[Capture]{size: inspectKeep}}
+}
 
 // add keeps c, over the oldest beyond inspectKeep, and returns its id.
 func (in *Inspector) add(c Capture) uint64 {
@@ -246,12 +246,7 @@ func (in *Inspector) add(c Capture) uint64 {
 	defer in.mu.Unlock()
 	in.next++
 	c.ID = in.next
-	if len(in.ring) < inspectKeep {
-		in.ring = append(in.ring, c)
-		return c.ID
-	}
-	in.ring[in.oldest] = c
-	in.oldest = (in.oldest + 1) % inspectKeep
+	in.ring.add(c)
 	return c.ID
 }
 
@@ -265,11 +260,9 @@ func (in *Inspector) List() []Capture { return in.list() }
 func (in *Inspector) list() []Capture {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	n := len(in.ring)
-	out := make([]Capture, n)
-	for i := range n {
-		// The newest kept is just before the oldest.
-		out[i] = in.ring[(in.oldest-1-i+2*n)%n].filled()
+	out := in.ring.newestFirst()
+	for i := range out {
+		out[i] = out[i].filled()
 	}
 	slices.SortStableFunc(out, func(a, b Capture) int { return b.Start.Compare(a.Start) })
 	return out
@@ -278,7 +271,7 @@ func (in *Inspector) list() []Capture {
 func (in *Inspector) get(id uint64) (Capture, bool) {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	for _, c := range in.ring {
+	for _, c := range in.ring.v {
 		if c.ID == id {
 			return c.filled(), true
 		}

@@ -59,10 +59,34 @@ type stats struct {
 	mu      sync.Mutex
 	total   int64
 	buckets [rateWindow]bucket
-	recent  []Request // up to recentKeep; once full, the oldest at recent[oldest]
-	oldest  int       // where the next request goes once recent is full
-	durs    []ended   // up to durKeep; once full, the oldest at durs[durNext]
-	durNext int
+	recent  ring[Request]
+	durs    ring[ended]
+}
+
+// ring keeps the last size values added, the oldest overwritten first.
+type ring[T any] struct {
+	v      []T
+	oldest int // where the next value goes once v is full
+	size   int
+}
+
+func (r *ring[T]) add(x T) {
+	if len(r.v) < r.size {
+		r.v = append(r.v, x)
+		return
+	}
+	r.v[r.oldest] = x
+	r.oldest = (r.oldest + 1) % r.size
+}
+
+// newestFirst returns the values kept, newest first.
+func (r *ring[T]) newestFirst() []T {
+	n := len(r.v)
+	out := make([]T, n)
+	for i := range n {
+		out[i] = r.v[(r.oldest-1-i+2*n)%n] // the newest is just before the oldest
+	}
+	return out
 }
 
 // ended is one connection's end and duration, for the quantiles.
@@ -71,7 +95,9 @@ type ended struct {
 	d  time.Duration
 }
 
-func newStats() *stats { return &stats{} }
+func newStats() *stats {
+	return &stats{recent: ring[Request]{size: recentKeep}, durs: ring[ended]{size: durKeep}}
+}
 
 // opened counts a connection that starts at now.
 func (s *stats) opened(now time.Time) {
@@ -90,27 +116,16 @@ func (s *stats) opened(now time.Time) {
 func (s *stats) closed(r Request) {
 	s.open.Add(-1)
 	s.mu.Lock()
-	e := ended{at: r.Start.Add(r.Duration), d: r.Duration}
-	if len(s.durs) < durKeep {
-		s.durs = append(s.durs, e)
-	} else {
-		s.durs[s.durNext] = e
-		s.durNext = (s.durNext + 1) % durKeep
-	}
-	s.mu.Unlock()
-	s.keep(r)
+	defer s.mu.Unlock()
+	s.durs.add(ended{at: r.Start.Add(r.Duration), d: r.Duration})
+	s.recent.add(r)
 }
 
 // keep lists r among the recent requests.
 func (s *stats) keep(r Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.recent) < recentKeep {
-		s.recent = append(s.recent, r)
-		return
-	}
-	s.recent[s.oldest] = r
-	s.oldest = (s.oldest + 1) % recentKeep
+	s.recent.add(r)
 }
 
 func (s *stats) snapshot(now time.Time) Stats {
@@ -118,14 +133,9 @@ func (s *stats) snapshot(now time.Time) Stats {
 	s.mu.Lock()
 	st.Total = s.total
 	st.Rate1, st.Rate5 = s.rateLocked(now, 60), s.rateLocked(now, rateWindow)
-	n := len(s.recent)
-	st.Recent = make([]Request, n)
-	for i := range n {
-		// The newest is just before the oldest.
-		st.Recent[i] = s.recent[(s.oldest-1-i+2*n)%n]
-	}
-	ds := make([]time.Duration, 0, len(s.durs))
-	for _, e := range s.durs {
+	st.Recent = s.recent.newestFirst()
+	ds := make([]time.Duration, 0, len(s.durs.v))
+	for _, e := range s.durs.v {
 		if now.Sub(e.at) < rateWindow*time.Second {
 			ds = append(ds, e.d)
 		}

@@ -89,7 +89,7 @@ func TestStatsQuantiles(t *testing.T) {
 	for range durKeep {
 		closeAfter(2 * time.Second)
 	}
-	if st := s.snapshot(now); st.P50 != 2*time.Second || st.P90 != 2*time.Second || len(s.durs) != durKeep {
-		t.Errorf("after durKeep more of 2s: p50 %s p90 %s, %d kept", st.P50, st.P90, len(s.durs))
+	if st := s.snapshot(now); st.P50 != 2*time.Second || st.P90 != 2*time.Second || len(s.durs.v) != durKeep {
+		t.Errorf("after durKeep more of 2s: p50 %s p90 %s, %d kept", st.P50, st.P90, len(s.durs.v))
 	}
 }

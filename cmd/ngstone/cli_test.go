@@ -244,11 +244,7 @@ func unbound(c *http.Client, u string) bool {
 func TestEdgeAndAgentProcesses(t *testing.T) {
 	_, port := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "two terminals") })
 	data := t.TempDir()
-	ports := freePorts(t, 4)
-	startProc(t, nil, "edge", "--domain", "localhost", "--data-dir", data,
-		"--http-addr", "127.0.0.1:"+ports[0], "--https-addr", "127.0.0.1:"+ports[1],
-		"--control-addr", "127.0.0.1:"+ports[2], "--admin-addr", "127.0.0.1:"+ports[3])
-	waitHealthy(t, "127.0.0.1:"+ports[3])
+	ports := startLocalhostEdge(t, data)
 	agentArgs := []string{"http", port, "--edge", "localhost:" + ports[2], "--ca-file", filepath.Join(data, "ca.pem"), "--subdomain", "demo"}
 	a := startProc(t, nil, agentArgs...)
 	m := a.waitLine(t, forwarding)
@@ -340,4 +336,17 @@ func dataDirCA(t *testing.T, data string) *x509.CertPool {
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pem)
 	return roots
+}
+
+// startLocalhostEdge runs `ngstone edge --domain localhost` on data and four
+// free loopback ports (HTTP, HTTPS, control, admin), which it returns once
+// the edge is healthy.
+func startLocalhostEdge(t *testing.T, data string) []string {
+	t.Helper()
+	ports := freePorts(t, 4)
+	startProc(t, nil, "edge", "--domain", "localhost", "--data-dir", data,
+		"--http-addr", "127.0.0.1:"+ports[0], "--https-addr", "127.0.0.1:"+ports[1],
+		"--control-addr", "127.0.0.1:"+ports[2], "--admin-addr", "127.0.0.1:"+ports[3])
+	waitHealthy(t, "127.0.0.1:"+ports[3])
+	return ports
 }

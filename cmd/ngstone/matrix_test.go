@@ -156,11 +156,7 @@ func newMatrixSetup(t *testing.T, embedded, inspect bool) *matrixSetup {
 		return s
 	}
 	data := t.TempDir()
-	ports := freePorts(t, 4)
-	startProc(t, nil, "edge", "--domain", "localhost", "--data-dir", data,
-		"--http-addr", "127.0.0.1:"+ports[0], "--https-addr", "127.0.0.1:"+ports[1],
-		"--control-addr", "127.0.0.1:"+ports[2], "--admin-addr", "127.0.0.1:"+ports[3])
-	waitHealthy(t, "127.0.0.1:"+ports[3])
+	ports := startLocalhostEdge(t, data)
 	s.caFile = filepath.Join(data, "ca.pem")
 	s.edge = []string{"--edge", "localhost:" + ports[2], "--ca-file", s.caFile}
 	return s

@@ -685,21 +685,30 @@ func TestRapidResetVisitor(t *testing.T) {
 		return code == http.StatusOK
 	})
 	c.CloseIdleConnections()
-	tunneltest.Eventually(t, 10*time.Second, "the edge's goroutines of the visitors gone", func() bool {
-		return edgeGoroutines() <= before
-	})
+	deadline := time.Now().Add(10 * time.Second)
+	for edgeGoroutines() > before {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after 10s waiting for the edge's goroutines of the visitors gone: %d, %d before; the edge's now:\n%s",
+				edgeGoroutines(), before, strings.Join(edgeStacks(), "\n\n"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // edgeGoroutines counts the goroutines running the edge's code (those of
 // the local service and the clients' idle connections left aside).
-func edgeGoroutines() int {
-	n := 0
+func edgeGoroutines() int { return len(edgeStacks()) }
+
+// edgeStacks is the stacks of the goroutines running the edge's code, for
+// a failure to show what is left.
+func edgeStacks() []string {
+	var out []string
 	for g := range strings.SplitSeq(tunneltest.Stacks(), "\n\n") {
 		if strings.Contains(g, "ngstone/ngstone/edge.") {
-			n++
+			out = append(out, g)
 		}
 	}
-	return n
+	return out
 }
 
 // boundRaw is a raw agent session of the open edge e holding sub.

@@ -22,7 +22,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -112,9 +111,6 @@ type Agent struct {
 	hosts  map[string]*tunnel // every hostname bound, to its tunnel
 
 	wg sync.WaitGroup // abandoned sessions still draining
-
-	ownPath    atomic.Int64 // exchanges relayed on the agent's own path (serveStream), for tests
-	serverOnly bool         // tests: every stream goes to the server, as serveStream hands one over
 }
 
 // New checks cfg and returns an agent; it does no I/O.

@@ -603,10 +603,8 @@ const typedAs = "application/json;CHARSET=utf-8"
 // TestNoContentTypeInvented: a response the local service sent without a
 // Content-Type reaches the visitor without one, where net/http's servers
 // (the edge's, over HTTP/1.1 and HTTP/2, and the agent's session server)
-// would guess one from its body. Each way a request takes through the
-// agent is run: its own path (a plain request), and its server's (an
-// Upgrade the local service declines, and OPTIONS *, which the own path
-// does not take either). A response with a type keeps it as it was;
+// would guess one from its body. A plain request, an Upgrade the local
+// service declines and OPTIONS * are run. A response with a type keeps it as it was;
 // ngstone's own answers (here for a local service that hangs up) carry
 // their own on every way.
 func TestNoContentTypeInvented(t *testing.T) {
@@ -645,7 +643,7 @@ func TestNoContentTypeInvented(t *testing.T) {
 		h1   bool // HTTP/2 has no Upgrade
 		make func(method, url string) *http.Request
 	}{
-		{"own path", false, func(method, url string) *http.Request {
+		{"plain", false, func(method, url string) *http.Request {
 			req, _ := http.NewRequest(method, url, nil)
 			return req
 		}},

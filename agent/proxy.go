@@ -22,26 +22,8 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// The agent serves the edge's streams with net/http end to end: each
-// stream's request is read with http.ReadRequest and, on the agent's own
-// path (stream.go), sent through an http.Transport and answered with
-// Response.Write; a request that needs what the server or the reverse
-// proxy does (an upgrade, Expect, a hop-by-hop field, a head the server
-// refuses) is served by an http.Server, whose listener is the streams
-// handed to it, and httputil.ReverseProxy relays it. The transport keeps
-// the connections to the local service alive between exchanges. So the framing
-// the agent accepts from a local service and the framing it writes to the
-// edge are net/http's, the same code the edge reads them with; a pooled
-// local connection is reused only when net/http finds it clean (a
-// connection that receives bytes nobody asked for is closed); and the
-// local service's timeout runs from the end of the request body, as
-// http.Transport's ResponseHeaderTimeout does.
-
 // exchange is one request relayed by the agent, for its log line and the
-// inspector, and the checks of its request to the local service. A stream
-// carries one exchange, so each stream's exchange is made with it, and its
-// trace is in the stream's context: a request costs no context or request
-// copy of the agent's own.
+// inspector, and the checks of its request to the local service.
 type exchange struct {
 	start  time.Time
 	status atomic.Int64 // the final status sent to the edge; 0: none yet
@@ -53,7 +35,6 @@ type exchange struct {
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
 	trace  httptrace.ClientTrace
-	out    *respWriter // the stream's writer on the agent's own path; nil on the server's
 }
 
 // withExchange returns ctx with x and the trace of x's request to the local
@@ -63,7 +44,7 @@ type exchange struct {
 func (a *Agent) withExchange(ctx context.Context, x *exchange) context.Context {
 	x.trace.Got1xxResponse = x.got1xx
 	x.trace.GotConn, x.trace.GotFirstResponseByte = x.gotConn, x.gotFirstByte
-	return httptrace.WithClientTrace(ctx, &x.trace)
+	return httptrace.WithClientTrace(context.WithValue(ctx, exchangeKey{}, x), &x.trace)
 }
 
 // http1 reports whether x's tunnel speaks HTTP/1.1 to its local service,
@@ -89,254 +70,19 @@ func (x *exchange) got1xx(code int, h textproto.MIMEHeader) error {
 	if x.n1xx.Add(1) > mux.Max1xx {
 		return errTooMany1xx
 	}
-	if x.out != nil {
-		// The agent's own path passes it on (the reverse proxy does on
-		// the server's).
-		return x.out.write1xx(code, http.Header(h))
-	}
-	return nil
+	return nil // the reverse proxy passes it on
 }
 
+type exchangeKey struct{}
+
 func exchangeOf(ctx context.Context) *exchange {
-	if sc, _ := ctx.Value(streamKey{}).(*streamConn); sc != nil {
-		return &sc.x
-	}
-	return nil
+	x, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return x
 }
 
 func (x *exchange) errCode() string {
 	s, _ := x.code.Load().(string)
 	return s
-}
-
-// newStreamServer returns the server of one session's streams. Each stream
-// holds up the session's drain (held) from its accept until its exchange
-// is over, or its connection is upgraded.
-//
-// A stream carries one exchange, so the server keeps no stream alive: it
-// closes each once its response is written, instead of reading the stream
-// again for a next request that never comes and waiting for the edge's
-// close to end that read (a wake-up, two deadlines and a state change per
-// exchange). Its responses say Connection: close, which the edge's reverse
-// proxy drops.
-func (a *Agent) newStreamServer() *http.Server {
-	srv := &http.Server{
-		Handler:                      http.HandlerFunc(a.serveExchange),
-		ReadHeaderTimeout:            a.cfg.DialTimeout,
-		MaxHeaderBytes:               mux.MaxRequestHead,
-		DisableGeneralOptionsHandler: true, // OPTIONS * is the local service's to answer
-		ErrorLog:                     slog.NewLogLogger(a.log.Handler(), slog.LevelDebug),
-		ConnState: func(c net.Conn, st http.ConnState) {
-			if sc, ok := c.(*streamConn); ok {
-				sc.state(st)
-			}
-		},
-		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			sc, _ := c.(*streamConn)
-			if sc == nil {
-				return ctx
-			}
-			return a.withExchange(context.WithValue(ctx, streamKey{}, sc), &sc.x)
-		},
-	}
-	srv.SetKeepAlivesEnabled(false)
-	return srv
-}
-
-type streamKey struct{}
-
-// serveStreams serves the streams ln accepts until it fails; held counts
-// those that hold up a drain. Every stream's goroutines are counted in the
-// agent's WaitGroup until they end.
-//
-// Each stream is first read on the agent's own path (serveStream): a
-// request it takes is relayed there, and one it does not (an upgrade, an
-// Expect, a hop-by-hop field, a head net/http's server would refuse) is
-// handed to the session's http.Server with the bytes read of it, to be
-// served as before.
-func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
-	srv := a.newStreamServer()
-	hand := newHandoff(ln.Addr(), func(l net.Listener) { srv.Serve(l) })
-	sl := &streamListener{Listener: ln, a: a, held: held}
-	w := &workers{a: a, sl: sl, hand: hand}
-	var spares sync.WaitGroup
-	if so, ok := ln.(spareOpener); ok {
-		spares.Go(func() { a.keepSpare(so, sl, w) })
-	}
-	w.start()
-	w.accepting.Wait() // ln failed: the session is over
-	spares.Wait()      // so are the spare's read and open
-	hand.closeAndWait()
-	srv.Close()
-}
-
-// streamListener counts each stream it accepts from ln, the session's, in
-// the agent's WaitGroup and the drain's tracker.
-type streamListener struct {
-	net.Listener
-	a    *Agent
-	held *mux.Tracker
-
-	addrs         sync.Once
-	local, remote net.Addr // the session's, formatted once
-}
-
-// contextAcceptor is a listener whose accept ends with a context too.
-type contextAcceptor interface {
-	AcceptContext(context.Context) (net.Conn, error)
-}
-
-// acceptContext accepts the next stream; it ends with ctx when the
-// listener allows (the session's does), else only with the listener.
-func (l *streamListener) acceptContext(ctx context.Context) (*streamConn, error) {
-	var c net.Conn
-	var err error
-	if ca, ok := l.Listener.(contextAcceptor); ok {
-		c, err = ca.AcceptContext(ctx)
-	} else {
-		c, err = l.Listener.Accept()
-	}
-	if err != nil {
-		return nil, err
-	}
-	return l.wrap(c), nil
-}
-
-// wrap counts c, a stream of the session with a request on it, in the
-// agent's WaitGroup and the drain's tracker.
-func (l *streamListener) wrap(c net.Conn) *streamConn {
-	l.a.wg.Add(1) // while serveStreams holds one: never from zero
-	l.held.Add()
-	l.addrs.Do(func() { l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr()) })
-	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}
-}
-
-// fixedAddr is an address formatted once: every stream of a session has
-// its session's addresses, which the server would format for each stream.
-type fixedAddr struct{ network, s string }
-
-func fixAddr(a net.Addr) net.Addr {
-	if a == nil {
-		return nil
-	}
-	return &fixedAddr{a.Network(), a.String()}
-}
-
-func (a *fixedAddr) Network() string { return a.network }
-func (a *fixedAddr) String() string  { return a.s }
-
-// streamConn is one stream as the server sees it.
-type streamConn struct {
-	net.Conn
-	a             *Agent
-	held          *mux.Tracker
-	local, remote net.Addr
-	x             exchange     // the stream's one exchange
-	written       atomic.Int64 // bytes written to the edge
-
-	mu      sync.Mutex
-	holding bool // counted in held
-	ended   bool // its WaitGroup count is given back
-
-	dmu             sync.Mutex
-	readDL, writeDL time.Time // the deadlines last set; a new stream has none
-
-	// While serveStream reads the request head, what is read of the
-	// stream is kept (rec, up to headKeep bytes), so that the server can
-	// read it again (replay) if the stream is handed to it. Only the
-	// goroutine reading the stream touches them.
-	recording bool
-	rec       []byte
-	replay    []byte
-}
-
-// headKeep bounds what serveStream keeps of a request head: more than the
-// server reads of one before it refuses it (MaxHeaderBytes and net/http's
-// 4 KiB slack), so that a head the server would refuse is the server's to
-// refuse.
-const headKeep = mux.MaxRequestHead + 16<<10
-
-// errHeadKept: a request head is longer than serveStream keeps.
-var errHeadKept = errors.New("agent: request head longer than the agent's own path keeps")
-
-// Read reads what was kept first when the stream was handed to the
-// server, and keeps what it reads while the head is being read.
-func (c *streamConn) Read(p []byte) (int, error) {
-	if len(c.replay) > 0 {
-		n := copy(p, c.replay)
-		c.replay = c.replay[n:]
-		return n, nil
-	}
-	if !c.recording {
-		return c.Conn.Read(p)
-	}
-	if len(c.rec) >= headKeep {
-		return 0, errHeadKept
-	}
-	n, err := c.Conn.Read(p[:min(len(p), headKeep-len(c.rec))])
-	c.rec = append(c.rec, p[:n]...)
-	return n, err
-}
-
-// SetReadDeadline passes t on unless it is the deadline already set: the
-// server sets the same one again (none, after the request head and at the
-// start of its background read) and a stream's deadline costs it an
-// allocation each time.
-func (c *streamConn) SetReadDeadline(t time.Time) error {
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
-	if c.readDL.Equal(t) {
-		return nil
-	}
-	c.readDL = t
-	return c.Conn.SetReadDeadline(t)
-}
-
-// SetWriteDeadline passes t on unless it is the deadline already set (the
-// server clears the write deadline after every response).
-func (c *streamConn) SetWriteDeadline(t time.Time) error {
-	c.dmu.Lock()
-	defer c.dmu.Unlock()
-	if c.writeDL.Equal(t) {
-		return nil
-	}
-	c.writeDL = t
-	return c.Conn.SetWriteDeadline(t)
-}
-
-// SetDeadline sets both deadlines through the two above.
-func (c *streamConn) SetDeadline(t time.Time) error {
-	c.SetReadDeadline(t)
-	return c.SetWriteDeadline(t)
-}
-
-func (c *streamConn) LocalAddr() net.Addr  { return c.local }
-func (c *streamConn) RemoteAddr() net.Addr { return c.remote }
-
-func (c *streamConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	c.written.Add(int64(n))
-	return n, err
-}
-
-// state follows the server's view of the stream: an exchange running holds
-// up the drain; one over, an upgraded connection or a closed stream does
-// not. A closed or hijacked stream's goroutine is done with it.
-func (c *streamConn) state(st http.ConnState) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	hold := st == http.StateNew || st == http.StateActive
-	switch {
-	case hold && !c.holding && !c.ended:
-		c.held.Add()
-	case !hold && c.holding:
-		c.held.Done()
-	}
-	c.holding = hold && !c.ended
-	if (st == http.StateClosed || st == http.StateHijacked) && !c.ended {
-		c.ended = true
-		c.a.wg.Done()
-	}
 }
 
 // serveExchange relays one request: basic auth first, then the reverse
@@ -345,8 +91,10 @@ func (c *streamConn) state(st http.ConnState) {
 func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
+	body := r.Body
 	sc := r.Context().Value(streamKey{}).(*streamConn)
-	x := &sc.x
+	x := &exchange{}
+	r = r.WithContext(a.withExchange(r.Context(), x))
 	a.begin(x, r)
 	sent := sc.written.Load()
 	defer func() {
@@ -362,6 +110,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 			panic(p)
 		}
 		a.ended(x, r)
+		endBody(w, body, x)
 	}()
 	// The local service may answer while the request body still streams
 	// (an early 413, a duplex stream): the server must not close the
@@ -378,6 +127,21 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 		a.answer(rw, r, mux.CodeBasicAuthRequired)
 	default:
 		t.proxy.ServeHTTP(rw, r)
+	}
+}
+
+// endBody ends a request body the handler is done with, once its response
+// is sent: what is left of it is read (up to net/http's bound) here, where
+// the server with full duplex on would read it after the handler, then
+// start reading the stream for the body's end while it waits for the next
+// request, and panic (golang/go#68560). The response goes first: the edge
+// may send the rest of the body only once its visitor has the answer.
+func endBody(w http.ResponseWriter, body io.ReadCloser, x *exchange) {
+	if body == http.NoBody || x.status.Load() == 0 {
+		return
+	}
+	if err := http.NewResponseController(w).Flush(); err == nil {
+		body.Close()
 	}
 }
 
@@ -435,8 +199,7 @@ func visitorHost(r *http.Request) string {
 // exchangeWriter records the final status the exchange sent back, and its
 // grpc-status. A final response without a Content-Type goes on without
 // one (mux.KeepUntyped): the session's server would guess one from its
-// body, where the agent's own path, writing with Response.Write, guesses
-// none.
+// body.
 type exchangeWriter struct {
 	http.ResponseWriter
 	x *exchange
@@ -451,6 +214,12 @@ func (w *exchangeWriter) WriteHeader(code int) {
 	}
 	if code >= 200 {
 		mux.KeepUntyped(w.Header())
+	}
+	if code < 200 && code != http.StatusSwitchingProtocols && w.x.n1xx.Load() >= mux.Max1xx {
+		// The reverse proxy passes an informational response on before
+		// the exchange's hook counts it (got1xx), which then ends the
+		// exchange: the one over the limit is not passed on.
+		return
 	}
 	w.ResponseWriter.WriteHeader(code)
 }

@@ -53,7 +53,6 @@ type conn struct {
 	readerDone chan struct{} // closed when readControl returns
 	unbound    chan string   // the hostnames the edge confirms unbound
 	streams    mux.Tracker   // exchanges in flight, for the drain
-	spare      bool          // the edge takes a spare stream (mux.FeatureSpareStream)
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it
@@ -380,7 +379,6 @@ func (c *conn) readHelloOK(sent time.Time) error {
 		// The first measure of the round trip, until a heartbeat's.
 		a.setLatency(time.Since(sent))
 		c.id, c.maxHead = m.SessionID, m.MaxResponseHead
-		c.spare = slices.Contains(m.Features, mux.FeatureSpareStream)
 		return a.edgeDoes(m.Features)
 	case *mux.Error:
 		if mux.Retryable(m.Code) {
@@ -774,16 +772,10 @@ func (c *conn) drain() {
 	c.ys.Close() // ends serveStreams; a running exchange ends at its next stream read or write, or its watcher
 }
 
-// serveStreams relays each stream the edge opens, one exchange each, until
-// the session closes. An exchange holds up the drain from accept to its
-// end; an upgraded one no longer does.
-func (c *conn) serveStreams() {
-	var ln net.Listener = sessionListener{c.ys}
-	if c.spare {
-		ln = spareListener{sessionListener{c.ys}}
-	}
-	c.a.serveStreams(ln, &c.streams)
-}
+// serveStreams relays the exchanges of each stream the edge opens until
+// the session closes. An exchange holds up the drain from its request to
+// its end; an idle stream or an upgraded one does not.
+func (c *conn) serveStreams() { c.a.serveStreams(sessionListener{c.ys}, &c.streams) }
 
 // sessionListener accepts the edge's streams; the session's owner closes it.
 type sessionListener struct{ ys *yamux.Session }
@@ -791,18 +783,3 @@ type sessionListener struct{ ys *yamux.Session }
 func (l sessionListener) Accept() (net.Conn, error) { return l.ys.AcceptStream() }
 func (l sessionListener) Close() error              { return nil }
 func (l sessionListener) Addr() net.Addr            { return l.ys.Addr() }
-
-// AcceptContext is Accept that also ends with ctx.
-func (l sessionListener) AcceptContext(ctx context.Context) (net.Conn, error) {
-	st, err := l.ys.AcceptStreamWithContext(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return st, nil
-}
-
-// spareListener is the listener of a session whose edge takes a spare
-// stream from the agent (mux.FeatureSpareStream).
-type spareListener struct{ sessionListener }
-
-func (l spareListener) OpenSpare() (net.Conn, error) { return l.ys.OpenStream() }

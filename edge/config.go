@@ -48,6 +48,12 @@ type Config struct {
 	// MaxStreamsPerSession bounds a session's concurrent visitor requests;
 	// visitors past it get 503 with Retry-After. Zero means no limit.
 	MaxStreamsPerSession int
+	// IdleStreams bounds the streams a session keeps open between
+	// exchanges, for the next ones; zero means 64.
+	IdleStreams int
+	// IdleStreamTimeout closes a stream that carried no exchange for that
+	// long; zero means 30s.
+	IdleStreamTimeout time.Duration
 	// MaxConns bounds concurrent visitor connections in total, and
 	// MaxConnsPerIP per client address; connections past them are closed at
 	// once. Zero means no limit.
@@ -145,6 +151,8 @@ func DefaultConfig() Config {
 		AuthFailureLimit:     5,
 		AuthFailureWindow:    time.Minute,
 		MaxStreamsPerSession: 1024,
+		IdleStreams:          64,
+		IdleStreamTimeout:    30 * time.Second,
 		MaxConns:             20000,
 		MaxConnsPerIP:        1000,
 		MaxRequestsPerIP:     64,
@@ -165,7 +173,7 @@ func (c Config) withDefaults() Config {
 		{&c.HandshakeSettle, &d.HandshakeSettle},
 		{&c.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&c.IdleTimeout, &d.IdleTimeout},
 		{&c.AuthFailureWindow, &d.AuthFailureWindow}, {&c.WriteTimeout, &d.WriteTimeout},
-		{&c.ReadTimeout, &d.ReadTimeout},
+		{&c.ReadTimeout, &d.ReadTimeout}, {&c.IdleStreamTimeout, &d.IdleStreamTimeout},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -176,6 +184,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxResponseHead <= 0 {
 		c.MaxResponseHead = d.MaxResponseHead
+	}
+	if c.IdleStreams <= 0 {
+		c.IdleStreams = d.IdleStreams
 	}
 	c.TLS.Domain = c.Domain
 	return c

@@ -133,6 +133,7 @@ func newMetrics(e *Edge) *metrics {
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
 		gaugeFunc("ngstone_streams_active", "Visitor requests in flight on agent streams now.", func() float64 { return float64(e.stateNow().streams) }),
+		gaugeFunc("ngstone_streams_open", "Streams open to agents now, carrying an exchange or idle between two.", func() float64 { return float64(e.stateNow().open) }),
 		newCertCollector(e.certs, e.cfg.TLS),
 		buildInfo(e.cfg.Version, e.cfg.Commit),
 		collectors.NewGoCollector(),
@@ -258,7 +259,7 @@ func (e *Edge) endCause(s *session) string {
 }
 
 // edgeState is what the edge holds at one moment.
-type edgeState struct{ sessions, tunnels, streams int }
+type edgeState struct{ sessions, tunnels, streams, open int }
 
 func (e *Edge) stateNow() edgeState {
 	e.mu.Lock()
@@ -270,6 +271,7 @@ func (e *Edge) stateNow() edgeState {
 		st.tunnels += len(s.bindings)
 		s.mu.Unlock()
 		st.streams += s.streams.Count()
+		st.open += s.ys.NumStreams() - 1 // not the control stream
 	}
 	return st
 }

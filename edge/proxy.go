@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -173,7 +173,9 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 			panic(p)
 		}
 	}()
-	proxy.ServeHTTP(vw, r.WithContext(context.WithValue(r.Context(), routeKey{}, rt)))
+	ctx := context.WithValue(r.Context(), routeKey{}, rt)
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got1xxResponse: vw.got1xx})
+	proxy.ServeHTTP(vw, r.WithContext(ctx))
 }
 
 // errBrokenOff: a response broke off before any of it was passed on.
@@ -250,53 +252,6 @@ func modifyResponse(resp *http.Response) error {
 	return nil
 }
 
-// dialStream gives req a stream of its own on its session: the agent's
-// spare for a body yamux's first window would hold back (spareFor), else
-// a new one.
-func (e *Edge) dialStream(req *http.Request) (*trackedConn, error) {
-	rt, ok := req.Context().Value(routeKey{}).(route)
-	if !ok {
-		return nil, errNoRoute
-	}
-	return e.openStream(rt, spareFor(req))
-}
-
-// spareFor reports whether req's body is one to send on the agent's spare
-// stream: longer than a new stream's first window, or of unknown length
-// (a chunked upload, a gRPC stream), which may be.
-func spareFor(req *http.Request) bool {
-	if req.Body == nil || req.Body == http.NoBody {
-		return false
-	}
-	return req.ContentLength > mux.InitialWindow || req.ContentLength < 0
-}
-
-// openStream gives a request on rt's session a stream, counted against
-// the session's limit of concurrent requests: the agent's spare when
-// spare is set and there is one, else a new stream. The spare is taken
-// under the same checks as a new stream: it serves one request, routed
-// to a binding the session still holds.
-func (e *Edge) openStream(rt route, spare bool) (*trackedConn, error) {
-	s := rt.s
-	if s.isClosed() || !s.holds(rt.hostname, rt.generation) {
-		return nil, errNoRoute
-	}
-	if !s.streams.TryAdd(e.cfg.MaxStreamsPerSession) {
-		return nil, errTooManyStreams
-	}
-	if spare {
-		if st := s.spare.Swap(nil); st != nil {
-			return &trackedConn{Conn: st, s: s, id: st.StreamID(), opened: true}, nil
-		}
-	}
-	st, err := s.ys.OpenStream()
-	if err != nil {
-		s.streams.Done()
-		return nil, errors.Join(errNoRoute, err)
-	}
-	return &trackedConn{Conn: st, s: s, id: st.StreamID()}, nil
-}
-
 // proxyError maps a failed exchange of the reverse proxy to the visitor
 // error codes.
 func (e *Edge) proxyError(w http.ResponseWriter, r *http.Request, err error) {
@@ -338,21 +293,4 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelInterrupted, hostname)
 	}
 	e.log.Debug("visitor request failed", "hostname", hostname, "err", err)
-}
-
-// trackedConn reports its close to its session's in-flight tracker once.
-type trackedConn struct {
-	net.Conn
-	s      *session
-	id     uint32 // the yamux stream's
-	opened bool   // the agent's spare: open both ways, its window granted
-	closed atomic.Bool
-}
-
-func (c *trackedConn) Close() error {
-	err := c.Conn.Close()
-	if c.closed.CompareAndSwap(false, true) {
-		c.s.streams.Done()
-	}
-	return err
 }

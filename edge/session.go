@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -19,8 +20,7 @@ import (
 )
 
 // maxAgentStreams is how many streams an agent may try to open towards the
-// edge, beyond its control stream and its spares, before its session is
-// closed.
+// edge, beyond its control stream, before its session is closed.
 const maxAgentStreams = 3
 
 // closedStreamWait is how long a stream the edge has closed waits for the
@@ -41,7 +41,7 @@ type session struct {
 	e      *Edge
 	id     uint64
 	ys     *yamux.Session
-	link   net.Conn // the coalescing connection ys runs on
+	pool   *http.Transport // the streams kept open for exchanges
 	remote string
 	log    *slog.Logger
 
@@ -51,10 +51,7 @@ type session struct {
 	policy     *TokenPolicy
 	hello      atomic.Bool
 	lastBeat   atomic.Int64 // unix nanoseconds
-	streams    mux.Tracker
-	// spare is the stream the agent opened in advance, unused yet
-	// (mux.FeatureSpareStream); nil while there is none.
-	spare atomic.Pointer[yamux.Stream]
+	streams    mux.Tracker  // exchanges in flight
 
 	writeMu sync.Mutex
 	// bindMu is held from a bind's registry grant to its reply, and by an
@@ -166,15 +163,15 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 		return nil, err
 	}
 	yc.StreamCloseTimeout = closedStreamWait
-	link := mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize), FollowAnswers: true})
-	ys, err := yamux.Server(link, yc)
+	ys, err := yamux.Server(mux.CoalesceWith(c, mux.CoalesceConfig{SendBuffer: int(yc.MaxStreamWindowSize)}), yc)
 	if err != nil {
 		return nil, fmt.Errorf("yamux: %w", err)
 	}
 	s := &session{
-		e: e, id: e.nextSession.Add(1), ys: ys, link: link, remote: c.RemoteAddr().String(),
+		e: e, id: e.nextSession.Add(1), ys: ys, remote: c.RemoteAddr().String(),
 		bindings: make(map[string]uint64), closed: make(chan struct{}),
 	}
+	s.pool = s.newPool()
 	s.log = e.log.With("session", s.id, "remote", s.remote)
 	if err := s.handshake(hctx, deadline); err != nil {
 		s.lingerClose()
@@ -258,7 +255,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureSpareStream}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -308,20 +305,14 @@ func (e *Edge) refuseSessionLimit(s *session, max int) error {
 	return errors.New("token session limit")
 }
 
-// acceptAgentStreams keeps the stream the agent opens in advance for the
-// next large request body (mux.FeatureSpareStream), one at a time, and
-// closes every other stream the agent opens. An agent opens its next spare
-// only once the edge has taken the last one (written to it, or closed it),
-// so a stream that finds the place taken is one a well-behaved agent never
-// opens: too many of those close the session.
+// acceptAgentStreams closes every stream the agent opens: the edge opens
+// the streams of its exchanges. An agent that keeps opening them has its
+// session closed.
 func (s *session) acceptAgentStreams() {
 	for refused := 0; ; {
 		st, err := s.ys.AcceptStream()
 		if err != nil {
 			return
-		}
-		if s.spare.CompareAndSwap(nil, st) {
-			continue
 		}
 		st.Close()
 		if refused++; refused >= maxAgentStreams {
@@ -485,6 +476,9 @@ func (s *session) close() {
 	s.closeOnce.Do(func() {
 		close(s.closed)
 		s.ys.Close()
+		if s.pool != nil {
+			s.pool.CloseIdleConnections()
+		}
 	})
 }
 
@@ -633,6 +627,9 @@ func (e *Edge) evict(prev registry.Binding, next *registry.Binding) {
 	e.metrics.evicted()
 	old.log.Info("binding taken over; session fenced", "hostname", prev.Hostname, "generation", prev.Generation)
 	by := e.holderFor(next, prev.TokenID)
+	// Its idle streams go at once; a busy one carries no exchange for
+	// prev after this one (holds).
+	old.pool.CloseIdleConnections()
 	go func() {
 		defer e.wg.Done()
 		// Tell it before closing it, so the agent learns why.

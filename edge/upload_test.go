@@ -3,103 +3,17 @@ package edge_test
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
-
-// countingConn counts the bytes read from it.
-type countingConn struct {
-	net.Conn
-	read atomic.Int64
-}
-
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.read.Add(int64(n))
-	return n, err
-}
-
-// TestLargeUploadWaitsForAcceptance: an upload larger than a stream's first
-// window waits for the agent to accept the stream before any of it
-// leaves, so that it goes out as one flight with the whole window
-// (BENCHMARKS.md, run 10); a small one leaves at once. A raw agent that
-// holds the stream unaccepted sees what the edge sends meanwhile.
-func TestLargeUploadWaitsForAcceptance(t *testing.T) {
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	var link *countingConn
-	raw, m := e.DialRawOver(t, hello(""), func(c net.Conn) net.Conn {
-		link = &countingConn{Conn: c}
-		return link
-	})
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "upload"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
-	c := e.Client()
-	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
-	for _, size := range []int{mux.InitialWindow / 2, 4 * mux.InitialWindow} {
-		body := bytes.Repeat([]byte("u"), size)
-		before := link.read.Load()
-		done := make(chan error, 1)
-		go func() {
-			resp, err := c.Post(tunneltest.URL("https", "upload", "/"), "application/octet-stream", bytes.NewReader(body))
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = io.ErrUnexpectedEOF
-				}
-			}
-			done <- err
-		}()
-		if size < mux.InitialWindow {
-			// Nothing to wait for: the body is on its way unaccepted.
-			tunneltest.Eventually(t, 10*time.Second, "the small upload sent before acceptance", func() bool {
-				return link.read.Load()-before >= int64(size)
-			})
-		} else {
-			// A bounded look, not a sleep on which a result depends: a slow
-			// edge only makes this check weaker, never fail.
-			deadline := time.Now().Add(300 * time.Millisecond)
-			for time.Now().Before(deadline) {
-				if sent := link.read.Load() - before; sent > 64<<10 {
-					t.Fatalf("%d bytes of a %d-byte upload left before the agent accepted its stream", sent, size)
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-		}
-		st, err := raw.YS.AcceptStream()
-		if err != nil {
-			t.Fatal(err)
-		}
-		st.SetDeadline(time.Now().Add(10 * time.Second))
-		req, err := http.ReadRequest(bufio.NewReader(st))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(req.Body)
-		if err != nil || !bytes.Equal(got, body) {
-			t.Fatalf("the agent read %d of %d bytes: %v", len(got), size, err)
-		}
-		io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(0)+"\r\n\r\n")
-		if err := <-done; err != nil {
-			t.Fatalf("upload of %d bytes: %v", size, err)
-		}
-		st.Close()
-	}
-}
 
 // TestUploadToAgentThatNeverAccepts: an agent that leaves a large upload's
 // stream unaccepted would never take its body; the visitor gets the
@@ -211,86 +125,19 @@ func TestUpgradeToAgentThatNeverReads(t *testing.T) {
 	})
 }
 
-// TestLargeUploadOnAgentsSpare: an agent that keeps a spare stream open
-// (the edge lists mux.FeatureSpareStream) gets a large upload on it, sent
-// at once: the edge does not wait for an acceptance the agent's own
-// stream does not need. The spare serves that one request. An agent that
-// opens streams beyond its spare has them closed, and its session too at
-// the third.
-func TestLargeUploadOnAgentsSpare(t *testing.T) {
+// TestAgentStreamsRefused: the edge opens the streams of its exchanges and
+// lists no "spare-stream" (an older agent's stream for large uploads); an
+// agent that opens streams has them closed, and its session too at the
+// third.
+func TestAgentStreamsRefused(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.HeartbeatTimeout = time.Minute // the raw agent sends none
 	e := tunneltest.StartEdge(t, cfg)
 	raw, m := e.DialRaw(t, hello(""))
-	if ok, _ := m.(*mux.HelloOK); ok == nil || !slices.Contains(ok.Features, mux.FeatureSpareStream) {
-		t.Fatalf("hello: %v, want hello_ok listing %s", m, mux.FeatureSpareStream)
+	if ok, _ := m.(*mux.HelloOK); ok == nil || slices.Contains(ok.Features, "spare-stream") {
+		t.Fatalf("hello: %v, want hello_ok without spare-stream", m)
 	}
-	if m, ok := raw.Bind(t, &mux.Bind{Subdomain: "spare"}).(*mux.BindOK); !ok {
-		t.Fatalf("bind: %v", m)
-	}
-	c := e.Client()
-	c.Transport.(*http.Transport).TLSClientConfig.NextProtos = []string{"http/1.1"}
-	body := bytes.Repeat([]byte("s"), 4*mux.InitialWindow)
-	spare, err := raw.YS.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	onSpare := make(chan error, 1)
-	go func() { onSpare <- answerUpload(spare, body) }()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	opened := make(chan net.Conn)
-	go func() {
-		for {
-			st, err := raw.YS.AcceptStreamWithContext(ctx)
-			if err != nil {
-				return
-			}
-			select {
-			case opened <- st:
-			case <-ctx.Done():
-				st.Close()
-				return
-			}
-		}
-	}()
-	// The edge keeps the spare once its goroutine has accepted it; an
-	// upload before that gets a stream of its own, which is answered too,
-	// and the next one is tried (bounded).
-	deadline := time.Now().Add(10 * time.Second)
-	for used := false; !used; {
-		if time.Now().After(deadline) {
-			t.Fatal("no upload came on the agent's spare stream")
-		}
-		done := make(chan error, 1)
-		go func() {
-			resp, err := c.Post(tunneltest.URL("https", "spare", "/"), "application/octet-stream", bytes.NewReader(body))
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode != http.StatusOK {
-					err = fmt.Errorf("status %d", resp.StatusCode)
-				}
-			}
-			done <- err
-		}()
-		select {
-		case err := <-onSpare:
-			if err != nil {
-				t.Fatalf("the upload on the spare: %v", err)
-			}
-			used = true
-		case st := <-opened:
-			if err := answerUpload(st, body); err != nil {
-				t.Fatalf("the upload on a new stream: %v", err)
-			}
-		}
-		if err := <-done; err != nil {
-			t.Fatalf("upload: %v", err)
-		}
-	}
-	// The place is free again: one spare is kept, the next three are
-	// refused, and the third refusal ends the session.
-	for range 4 {
+	for range 3 {
 		if _, err := raw.YS.OpenStream(); err != nil {
 			t.Fatal(err)
 		}
@@ -298,23 +145,6 @@ func TestLargeUploadOnAgentsSpare(t *testing.T) {
 	select {
 	case <-raw.YS.CloseChan():
 	case <-time.After(10 * time.Second):
-		t.Fatal("the session of an agent opening streams beyond its spare is still up")
+		t.Fatal("the session of an agent opening streams towards the edge is still up")
 	}
-}
-
-// answerUpload reads one request from st, checks that its body is want,
-// and answers 200.
-func answerUpload(st net.Conn, want []byte) error {
-	defer st.Close()
-	st.SetDeadline(time.Now().Add(10 * time.Second))
-	req, err := http.ReadRequest(bufio.NewReader(st))
-	if err != nil {
-		return err
-	}
-	got, err := io.ReadAll(req.Body)
-	if err != nil || !bytes.Equal(got, want) {
-		return fmt.Errorf("read %d of %d bytes: %v", len(got), len(want), err)
-	}
-	_, err = io.WriteString(st, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-	return err
 }

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/textproto"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +61,22 @@ type visitorWriter struct {
 	started atomic.Bool // the final status is passed on
 	mu      sync.Mutex  // held: the reverse proxy may flush from a timer
 	held    int         // the final status held, 0 if none yet
+	n1xx    int         // informational responses from the agent
+}
+
+// max1xx bounds the informational responses passed on: what an agent
+// passes on from its local service (mux.Max1xx), and a 100 Continue of its
+// own.
+const max1xx = mux.Max1xx + 1
+
+// got1xx, the hook of the exchange's trace, ends an exchange with more
+// informational responses than max1xx. The reverse proxy's own hook has
+// passed each on (through WriteHeader) before it runs.
+func (w *visitorWriter) got1xx(int, textproto.MIMEHeader) error {
+	if w.n1xx > max1xx {
+		return errTooMany1xx
+	}
+	return nil
 }
 
 func (w *visitorWriter) extend() {
@@ -92,8 +110,13 @@ func (w *visitorWriter) Write(p []byte) (int, error) {
 // edge's own server sends that when the body is read, if the visitor asked
 // for it), and holds a final one.
 func (w *visitorWriter) WriteHeader(code int) {
-	if code == http.StatusContinue {
-		return
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		if w.n1xx++; w.n1xx > max1xx || code == http.StatusContinue {
+			clear(w.Header())
+			return
+		}
+		// An informational response goes on with its own fields only.
+		dropHopFields(w.Header())
 	}
 	if code >= 200 {
 		w.mu.Lock()
@@ -105,6 +128,19 @@ func (w *visitorWriter) WriteHeader(code int) {
 	}
 	w.extend()
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// dropHopFields drops the fields of one connection (RFC 9110, 7.6.1) from
+// h, and those its Connection field names.
+func dropHopFields(h http.Header) {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			h.Del(strings.TrimSpace(f))
+		}
+	}
+	for _, k := range []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Upgrade", "Te", "Trailer"} {
+		delete(h, k)
+	}
 }
 
 // start passes the held status on, once. A response without a

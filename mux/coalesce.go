@@ -100,13 +100,6 @@ type CoalesceConfig struct {
 	// net.core.wmem_max. It bounds kernel memory only: what it holds is in
 	// flight, or unsent within UnsentLimit.
 	SendBuffer int
-	// FollowAnswers makes the connection follow the frames it reads for
-	// the peer's answers to the streams this side opens, which
-	// AwaitAnswer waits for: for the side that opens streams and waits on
-	// them (the edge), not for every read of the other. That side is the
-	// yamux server, whose streams have even ids: answers to the peer's own
-	// streams are not followed.
-	FollowAnswers bool
 }
 
 // Coalesce wraps the connection given to yamux.Client or yamux.Server so
@@ -151,7 +144,6 @@ type coalescedConn struct {
 	hold    time.Duration // holdControl; tests lengthen it
 
 	readDone atomic.Bool // a read returned an error: nothing more will arrive
-	answers  answers     // how far the peer has answered the streams this side opened
 
 	tcp     *net.TCPConn // the socket whose unsent bytes are limited; or nil
 	unsent  int          // its TCP_NOTSENT_LOWAT as last set
@@ -186,12 +178,8 @@ type bulkEnd struct {
 
 func (c *coalescedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if c.cfg.FollowAnswers {
-		c.answers.follow(p[:n])
-	}
 	if err != nil {
 		c.readDone.Store(true)
-		c.answers.end()
 	}
 	return n, err
 }

@@ -119,3 +119,7 @@ var (
 	// ErrMalformed means a frame's payload did not decode as its type.
 	ErrMalformed = errors.New("mux: malformed control message")
 )
+
+// InitialWindow is what yamux lets a new stream send before the peer has
+// accepted it: every stream starts with a 256 KiB window (yamux's spec).
+const InitialWindow = 256 << 10

@@ -52,7 +52,7 @@ type HelloOK struct {
 	// services to it.
 	MaxResponseHead int64 `json:"max_response_head,omitempty"`
 	// Features lists what the edge does beyond protocol version 1's first
-	// release (FeatureHostname, FeatureVisitorCIDR, FeatureSpareStream):
+	// release (FeatureHostname, FeatureVisitorCIDR):
 	// an agent that asks for one the edge does not list must not go on as
 	// if it were done.
 	Features []string `json:"features,omitempty"`
@@ -65,13 +65,9 @@ const (
 	// FeatureVisitorCIDR: bind takes AllowCIDR and DenyCIDR, and the
 	// edge refuses other visitors (403 ip_denied).
 	FeatureVisitorCIDR = "visitor-cidr"
-	// FeatureSpareStream: the edge keeps one stream the agent opens in
-	// advance (a spare) and sends a request with a large or unknown-length
-	// body on it. A stream the edge opens may carry only yamux's first
-	// window (InitialWindow) until the agent's acceptance comes back, a
-	// round trip later; the agent's own stream is open both ways from the
-	// start, so such a body leaves at once, at the whole window.
-	FeatureSpareStream = "spare-stream"
+	// "spare-stream" was listed by edges that took a stream the agent
+	// opened in advance for large uploads; the streams of exchanges now
+	// stay open, and an agent opens none.
 )
 
 // Bind asks for a hostname: a Subdomain of the edge's domain, or a whole

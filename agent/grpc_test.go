@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -454,5 +455,40 @@ func TestGRPCServerDeadline(t *testing.T) {
 	}
 	if kept := keptExchange(t, down); kept.GRPCStatus != status {
 		t.Errorf("the inspector shows grpc-status %q, the client got %q", kept.GRPCStatus, status)
+	}
+}
+
+// TestTrailersOnlyWhileUploading: a gRPC answer that is its head alone
+// (Trailers-Only: a status, no message) reaches the visitor as one, with a
+// length of 0, even when the local server answers before the request's
+// body has ended, and the agent sends the answer at once to read the rest
+// of the body: sent chunked, it would reach an HTTP/2 visitor as a head
+// and a separate end, which a gRPC client refuses as a stream that ended
+// without its status.
+func TestTrailersOnlyWhileUploading(t *testing.T) {
+	svc := &testService{name: "local", blocked: make(chan struct{})}
+	_, addr := grpcLocal(t, svc)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	grpcAgent(t, e, addr, "grpc", "")
+	msg, err := proto.Marshal(&testpb.SimpleRequest{Payload: payload("fail")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	frame := make([]byte, 5+len(msg))
+	binary.BigEndian.PutUint32(frame[1:], uint32(len(msg)))
+	copy(frame[5:], msg)
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	go pw.Write(frame) // the message, and the body's end only once the answer is in
+	req, _ := http.NewRequest("POST", tunneltest.URL("https", "grpc", "/grpc.testing.TestService/UnaryCall"), pr)
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	resp, err := e.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.ContentLength != 0 || resp.Header.Get("Grpc-Status") != strconv.Itoa(int(codes.FailedPrecondition)) {
+		t.Fatalf("%s %d, length %d, grpc-status %q: want a Trailers-Only answer", resp.Proto, resp.StatusCode, resp.ContentLength, resp.Header.Get("Grpc-Status"))
 	}
 }

@@ -35,6 +35,21 @@ type exchange struct {
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
 	trace  httptrace.ClientTrace
+	body   requestBody // the request's body, as the proxy reads it
+}
+
+// requestBody notes that its body was read to its end.
+type requestBody struct {
+	io.ReadCloser
+	eof atomic.Bool
+}
+
+func (b *requestBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF {
+		b.eof.Store(true)
+	}
+	return n, err
 }
 
 // withExchange returns ctx with x and the trace of x's request to the local
@@ -95,6 +110,10 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	sc := r.Context().Value(streamKey{}).(*streamConn)
 	x := &exchange{}
 	r = r.WithContext(a.withExchange(r.Context(), x))
+	if body != http.NoBody {
+		x.body.ReadCloser = body
+		r.Body = &x.body
+	}
 	a.begin(x, r)
 	sent := sc.written.Load()
 	defer func() {
@@ -130,14 +149,17 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// endBody ends a request body the handler is done with, once its response
+// endBody ends a request body the handler left unread, once its response
 // is sent: what is left of it is read (up to net/http's bound) here, where
 // the server with full duplex on would read it after the handler, then
 // start reading the stream for the body's end while it waits for the next
 // request, and panic (golang/go#68560). The response goes first: the edge
-// may send the rest of the body only once its visitor has the answer.
+// may send the rest of the body only once its visitor has the answer. A
+// body read to its end needs nothing, and its response is not flushed:
+// one left whole in the buffer gets its Content-Length (a gRPC
+// Trailers-Only answer must end with its head).
 func endBody(w http.ResponseWriter, body io.ReadCloser, x *exchange) {
-	if body == http.NoBody || x.status.Load() == 0 {
+	if body == http.NoBody || x.body.eof.Load() || x.status.Load() == 0 {
 		return
 	}
 	if err := http.NewResponseController(w).Flush(); err == nil {
@@ -285,7 +307,25 @@ func (t *tunnel) modifyResponse(resp *http.Response) error {
 		return fmt.Errorf("%w: %d", errBadStatus, resp.StatusCode)
 	}
 	t.headers.response(resp)
+	declareEmpty(resp)
 	return nil
+}
+
+// declareEmpty gives a response known to be empty (an HTTP/2 local
+// service's that ended with its head, gRPC's Trailers-Only answers among
+// them) its Content-Length of 0, which HTTP/2 leaves implicit: flushed without one, it would go to
+// the edge chunked, and on to an HTTP/2 visitor as a head and a separate
+// end, which a gRPC client refuses as a stream that ended without its
+// status.
+func declareEmpty(resp *http.Response) {
+	switch {
+	case resp.ContentLength != 0, resp.Request.Method == http.MethodHead,
+		resp.StatusCode < 200, resp.StatusCode == http.StatusNoContent, resp.StatusCode == http.StatusNotModified:
+		return
+	}
+	if _, ok := resp.Header["Content-Length"]; !ok {
+		resp.Header["Content-Length"] = []string{"0"}
+	}
 }
 
 // proxyError answers a request the local service did not: with the code

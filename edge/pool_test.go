@@ -106,7 +106,7 @@ func TestPooledStreamsStayWithTheirSession(t *testing.T) {
 	cfg.HeartbeatTimeout = time.Minute // raw agents send none
 	e := tunneltest.StartEdge(t, cfg)
 	ha, hb := hello(""), hello("")
-	ra, rb := boundRaw2(t, e, ha, "pa"), boundRaw2(t, e, hb, "pb")
+	ra, rb := dialBound(t, e, ha, "pa"), dialBound(t, e, hb, "pb")
 	// A holds a second name, so its session outlives the takeover below.
 	if m, ok := ra.Bind(t, &mux.Bind{Subdomain: "pa2"}).(*mux.BindOK); !ok {
 		t.Fatalf("bind pa2: %v", m)
@@ -144,14 +144,7 @@ func TestPooledStreamsStayWithTheirSession(t *testing.T) {
 	}
 
 	// The same instance takes pa over on a new session.
-	ra2, m := e.DialRaw(t, ha)
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m := ra2.Bind(t, &mux.Bind{Subdomain: "pa", Takeover: true}); m.MessageType() != mux.TypeBindOK {
-		t.Fatalf("takeover: %v", m)
-	}
-	a2 := serveKeepAlive(ra2, "A2")
+	a2 := serveKeepAlive(dialBound(t, e, ha, "pa"), "A2")
 	tunneltest.Eventually(t, 10*time.Second, "the old session's idle streams to close", func() bool { return a.open.Load() == 0 })
 	before, _ := a.counts()
 	for range 20 {
@@ -167,19 +160,6 @@ func TestPooledStreamsStayWithTheirSession(t *testing.T) {
 	}
 }
 
-// boundRaw2 is boundRaw with a hello of the test's.
-func boundRaw2(t *testing.T, e *tunneltest.Edge, h *mux.Hello, sub string) *tunneltest.RawSession {
-	t.Helper()
-	r, m := e.DialRaw(t, h)
-	if m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v", m)
-	}
-	if m, ok := r.Bind(t, &mux.Bind{Subdomain: sub}).(*mux.BindOK); !ok {
-		t.Fatalf("bind %s: %v", sub, m)
-	}
-	return r
-}
-
 // TestStrayBytesCloseIdleStream: bytes an agent sends on a stream after an
 // exchange's answer (here, a whole second response) are never read as the
 // next exchange's answer: the edge closes that stream, and the next
@@ -188,7 +168,7 @@ func TestStrayBytesCloseIdleStream(t *testing.T) {
 	cfg := tunneltest.EdgeConfig(t)
 	cfg.HeartbeatTimeout = time.Minute
 	e := tunneltest.StartEdge(t, cfg)
-	r := boundRaw2(t, e, hello(""), "stray")
+	r := dialBound(t, e, hello(""), "stray")
 	k := serveKeepAliveStray(r, "ok", "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstray")
 	c := e.Client()
 	if got := get(t, c, "stray"); got != "ok" {

@@ -66,7 +66,7 @@ func (t *streamTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	if rwc, ok := resp.Body.(io.ReadWriteCloser); ok {
 		// An upgraded connection: the reverse proxy copies both ways.
-		resp.Body = &upgradedBody{ReadWriteCloser: rwc, s: s}
+		resp.Body = &upgradedBody{exchangeBody{ReadCloser: rwc, s: s}, rwc}
 	} else {
 		resp.Body = &exchangeBody{ReadCloser: resp.Body, s: s}
 	}
@@ -166,15 +166,8 @@ func (b *exchangeBody) Close() error {
 
 // upgradedBody is the stream after a 101, counted until it is closed.
 type upgradedBody struct {
-	io.ReadWriteCloser
-	s    *session
-	once sync.Once
-}
-
-func (b *upgradedBody) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.once.Do(b.s.streams.Done)
-	return err
+	exchangeBody
+	io.Writer
 }
 
 // readErrBody records the error a read of the visitor's body failed with.

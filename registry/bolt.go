@@ -33,6 +33,9 @@ import (
 // one transaction). Generations come from one counter stored with every
 // bind, so they never go backwards or repeat, crashes included: bbolt's
 // transactions are atomic and fsynced before they are acknowledged.
+// Reservations (Claim.Reserve) are kept beside the bindings, each change
+// in the transaction of the bind or release that makes it, so a restart
+// keeps a released port for its token too.
 type Bolt struct {
 	path string
 	db   *bolt.DB
@@ -41,6 +44,7 @@ type Bolt struct {
 
 	mu       sync.Mutex
 	bindings map[string]Binding
+	reserved reservations
 	lastGen  uint64
 }
 
@@ -50,6 +54,9 @@ var (
 	metaBucket     = []byte("meta")
 	formatKey      = []byte("format")
 	lastGenKey     = []byte("last_generation")
+	// reservationsBucket came after the format's first files: a file
+	// without it gets it when opened.
+	reservationsBucket = []byte("reservations")
 )
 
 // boltFormat names the file's layout; a file with another is not ours.
@@ -69,6 +76,14 @@ type boltRecord struct {
 	Generation uint64    `json:"generation"`
 	BoundAt    time.Time `json:"bound_at"`
 	LastHeard  time.Time `json:"last_heard"`
+}
+
+// reservationRecord is a reservation as the file keeps it; the key is the key.
+type reservationRecord struct {
+	TokenID string        `json:"token_id,omitempty"`
+	Label   string        `json:"label,omitempty"`
+	For     time.Duration `json:"for"`
+	Until   time.Time     `json:"until,omitzero"`
 }
 
 // OpenBolt opens (or creates) the store at path; live answers rule 2
@@ -93,7 +108,7 @@ func OpenBolt(path string, live LivenessFunc) (s *Bolt, err error) {
 	case err != nil:
 		return nil, fmt.Errorf("registry %s: %w: %v (move it away to start with an empty registry)", path, ErrNotRegistry, err)
 	}
-	s = &Bolt{path: path, db: db, live: live, now: time.Now, bindings: map[string]Binding{}}
+	s = &Bolt{path: path, db: db, live: live, now: time.Now, bindings: map[string]Binding{}, reserved: reservations{}}
 	if err := s.load(); err != nil {
 		db.Close()
 		return nil, err
@@ -120,12 +135,22 @@ func accessError(path string, err error) error {
 }
 
 // load checks the file (its format and its pages) and reads every
-// binding; a new file gets its format written.
+// binding and reservation; a new file gets its format written, and a file
+// from before reservations their bucket (only once it has been read as a
+// registry: another program's file is never written).
 func (s *Bolt) load() error {
 	fresh := false
 	s.db.View(func(tx *bolt.Tx) error { fresh = empty(tx); return nil })
 	if !fresh {
-		return s.db.View(s.read)
+		missing := false
+		err := s.db.View(func(tx *bolt.Tx) error {
+			missing = tx.Bucket(reservationsBucket) == nil
+			return s.read(tx)
+		})
+		if err != nil || !missing {
+			return err
+		}
+		return s.db.Update(ensureReservations)
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
 		meta, err := tx.CreateBucket(metaBucket)
@@ -135,8 +160,17 @@ func (s *Bolt) load() error {
 		if err == nil {
 			_, err = tx.CreateBucket(bindingsBucket)
 		}
+		if err == nil {
+			err = ensureReservations(tx)
+		}
 		return err
 	})
+}
+
+// ensureReservations creates the reservations bucket when the file has none.
+func ensureReservations(tx *bolt.Tx) error {
+	_, err := tx.CreateBucketIfNotExists(reservationsBucket)
+	return err
 }
 
 // read checks the file's pages and format and reads its bindings.
@@ -158,7 +192,7 @@ func (s *Bolt) read(tx *bolt.Tx) error {
 	if bs == nil {
 		return fmt.Errorf("registry %s: %w: no bindings bucket", s.path, ErrNotRegistry)
 	}
-	return bs.ForEach(func(k, v []byte) error {
+	err := bs.ForEach(func(k, v []byte) error {
 		var r boltRecord
 		if err := json.Unmarshal(v, &r); err != nil || r.Generation == 0 || r.Generation > s.lastGen {
 			return fmt.Errorf("registry %s: %w: binding %q is damaged", s.path, ErrNotRegistry, k)
@@ -166,6 +200,28 @@ func (s *Bolt) read(tx *bolt.Tx) error {
 		h := string(k)
 		s.bindings[h] = Binding{Hostname: h, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
 			Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return s.readReservations(tx)
+}
+
+// readReservations reads the reservations bucket, if the file has one
+// (load creates it after).
+func (s *Bolt) readReservations(tx *bolt.Tx) error {
+	rs := tx.Bucket(reservationsBucket)
+	if rs == nil {
+		return nil
+	}
+	return rs.ForEach(func(k, v []byte) error {
+		var r reservationRecord
+		if err := json.Unmarshal(v, &r); err != nil || r.For <= 0 {
+			return fmt.Errorf("registry %s: %w: reservation %q is damaged", s.path, ErrNotRegistry, k)
+		}
+		key := string(k)
+		s.reserved[key] = Reservation{Key: key, TokenID: r.TokenID, Label: r.Label, For: r.For, Until: r.Until}
 		return nil
 	})
 }
@@ -179,42 +235,76 @@ func empty(tx *bolt.Tx) bool {
 // Close closes the file.
 func (s *Bolt) Close() error { return s.db.Close() }
 
-// Bind applies the binding rules to c: one transaction writes the binding
-// and the generation counter, and only once it is durable does the copy in
-// memory change. The liveness function is called with the lock held.
+// Bind applies the key's reservation and then the binding rules to c: one
+// transaction writes the binding, the generation counter and the
+// reservation, and only once it is durable does the copy in memory change.
+// The liveness function is called with the lock held.
 func (s *Bolt) Bind(_ context.Context, c Claim) (Result, error) {
 	if c.Hostname == "" {
 		return Result{}, errors.New("registry: bind: empty hostname")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	now := s.now()
+	if err := s.reserved.admit(c, now); err != nil {
+		return Result{}, err
+	}
 	old, held := s.bindings[c.Hostname]
 	outcome, err := decide(old, held, c, s.live)
 	if err != nil {
 		return Result{}, err
 	}
+	r, reserve := s.reserved.bound(c)
 	if outcome == Unchanged {
+		if err := s.commit(nil, r, reserve); err != nil {
+			return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+		}
 		return Result{Binding: old, Outcome: Unchanged}, nil
 	}
-	now := s.now()
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID, SessionID: c.SessionID,
 		Node: c.Node, Generation: s.lastGen + 1, BoundAt: now, LastHeard: now}
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		if err := putRecord(tx, b); err != nil {
-			return err
-		}
-		return tx.Bucket(metaBucket).Put(lastGenKey, binary.BigEndian.AppendUint64(nil, b.Generation))
-	})
-	if err != nil {
+	if err := s.commit(&b, r, reserve); err != nil {
 		return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
-	s.lastGen = b.Generation
-	s.bindings[c.Hostname] = b
 	res := Result{Binding: b, Outcome: outcome}
 	if held {
 		res.Previous = &old
 	}
 	return res, nil
+}
+
+// commit writes a bind's changes in one transaction, then to the copy in
+// memory: the binding b with its generation (nil when it is unchanged) and
+// the key's reservation r (if reserve).
+func (s *Bolt) commit(b *Binding, r Reservation, reserve bool) error {
+	if b == nil && !reserve {
+		return nil
+	}
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if b != nil {
+			if err := putRecord(tx, *b); err != nil {
+				return err
+			}
+			if err := tx.Bucket(metaBucket).Put(lastGenKey, binary.BigEndian.AppendUint64(nil, b.Generation)); err != nil {
+				return err
+			}
+		}
+		if reserve {
+			return putReservation(tx, r)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if b != nil {
+		s.lastGen = b.Generation
+		s.bindings[b.Hostname] = *b
+	}
+	if reserve {
+		s.reserved[r.Key] = r
+	}
+	return nil
 }
 
 func putRecord(tx *bolt.Tx, b Binding) error {
@@ -226,8 +316,17 @@ func putRecord(tx *bolt.Tx, b Binding) error {
 	return tx.Bucket(bindingsBucket).Put([]byte(b.Hostname), v)
 }
 
+func putReservation(tx *bolt.Tx, r Reservation) error {
+	v, err := json.Marshal(reservationRecord{TokenID: r.TokenID, Label: r.Label, For: r.For, Until: r.Until})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(reservationsBucket).Put([]byte(r.Key), v)
+}
+
 // Release is compare-and-delete on (session, generation), durable before
-// it returns.
+// it returns; the deletion and the start of the key's reservation are one
+// transaction.
 func (s *Bolt) Release(_ context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -235,11 +334,38 @@ func (s *Bolt) Release(_ context.Context, hostname string, sessionID, generation
 	if !ok || b.SessionID != sessionID || b.Generation != generation {
 		return false, nil
 	}
-	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bindingsBucket).Delete([]byte(hostname)) }); err != nil {
+	r, started := s.reserved.released(hostname, s.now())
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bindingsBucket).Delete([]byte(hostname)); err != nil || !started {
+			return err
+		}
+		return putReservation(tx, r)
+	})
+	if err != nil {
 		return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 	}
 	delete(s.bindings, hostname)
+	if started {
+		s.reserved[hostname] = r
+	}
 	return true, nil
+}
+
+// Reservation returns key's reservation while it is in force, from memory.
+func (s *Bolt) Reservation(_ context.Context, key string) (Reservation, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.reserved.get(key, s.now())
+	return r, ok, nil
+}
+
+// ReservedFor returns tokenID's reservations in force with label, sorted
+// by key, from memory. The expired ones stay until their key is bound
+// again (a read writes nothing to the file); they are one per key.
+func (s *Bolt) ReservedFor(_ context.Context, tokenID, label string) ([]Reservation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reserved.of(tokenID, label, s.now()), nil
 }
 
 // HeardAt is when the holder of a binding, at a generation, was heard from.

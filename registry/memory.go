@@ -16,6 +16,7 @@ type Memory struct {
 
 	mu       sync.Mutex
 	bindings map[string]Binding
+	reserved reservations
 	// lastGen is shared by all hostnames, so a hostname released and bound
 	// again still gets a generation above every earlier one.
 	lastGen uint64
@@ -27,21 +28,29 @@ func NewMemory(live LivenessFunc) *Memory {
 	if live == nil {
 		live = func(Binding) bool { return true }
 	}
-	return &Memory{live: live, now: time.Now, bindings: make(map[string]Binding)}
+	return &Memory{live: live, now: time.Now, bindings: make(map[string]Binding), reserved: reservations{}}
 }
 
-// Bind applies the binding rules to c under the store's lock. The liveness
-// function is called with the lock held, so it must not call back into m.
+// Bind applies the key's reservation and then the binding rules to c
+// under the store's lock. The liveness function is called with the lock
+// held, so it must not call back into m.
 func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 	if c.Hostname == "" {
 		return Result{}, fmt.Errorf("registry: bind: empty hostname")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	now := m.now()
+	if err := m.reserved.admit(c, now); err != nil {
+		return Result{}, err
+	}
 	old, held := m.bindings[c.Hostname]
 	outcome, err := decide(old, held, c, m.live)
 	if err != nil {
 		return Result{}, err
+	}
+	if r, changed := m.reserved.bound(c); changed {
+		m.reserved[c.Hostname] = r
 	}
 	if outcome == Unchanged {
 		return Result{Binding: old, Outcome: Unchanged}, nil
@@ -49,7 +58,7 @@ func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 	m.lastGen++
 	b := Binding{
 		Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
-		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: m.now(),
+		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: now,
 	}
 	m.bindings[c.Hostname] = b
 	res := Result{Binding: b, Outcome: outcome}
@@ -77,7 +86,8 @@ func decide(old Binding, held bool, c Claim, live LivenessFunc) (Outcome, error)
 	return 0, ErrTaken
 }
 
-// Release is compare-and-delete on (session, generation).
+// Release is compare-and-delete on (session, generation); a deletion
+// starts the key's reservation running.
 func (m *Memory) Release(_ context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -86,7 +96,28 @@ func (m *Memory) Release(_ context.Context, hostname string, sessionID, generati
 		return false, nil
 	}
 	delete(m.bindings, hostname)
+	if r, changed := m.reserved.released(hostname, m.now()); changed {
+		m.reserved[hostname] = r
+	}
 	return true, nil
+}
+
+// Reservation returns key's reservation while it is in force.
+func (m *Memory) Reservation(_ context.Context, key string) (Reservation, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, ok := m.reserved.get(key, m.now())
+	return r, ok, nil
+}
+
+// ReservedFor returns tokenID's reservations in force with label, sorted
+// by key; it drops the expired ones on the way.
+func (m *Memory) ReservedFor(_ context.Context, tokenID, label string) ([]Reservation, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := m.now()
+	m.reserved.prune(now)
+	return m.reserved.of(tokenID, label, now), nil
 }
 
 // Get returns hostname's binding.

@@ -12,6 +12,11 @@
 // compare-and-delete: it removes a binding only while the releasing session
 // and generation still own it, so a late cleanup never removes a newer owner.
 //
+// A key claimed with Reserve (a public TCP port, "tcp:PORT") is also kept
+// for its token while bound and for Reserve after its release: before the
+// rules, a claim of another token is refused with ErrReserved, so that the
+// token's restarted agent gets its port back (Reserver, in Memory and Bolt).
+//
 // Memory is the store of an edge that runs alone; it asks the edge whether
 // a holder is live (LivenessFunc). Etcd is the store several edges share:
 // the rules are etcd transactions, and a holder is live while its session
@@ -54,6 +59,14 @@ type Claim struct {
 	// Exclusive binds only a hostname nobody holds, live or dead: used for
 	// random names, which must never take anything over.
 	Exclusive bool
+	// Reserve, when positive, keeps Hostname for TokenID while it is bound
+	// and for Reserve after its last release (a public TCP port): a claim
+	// of another token is refused with ErrReserved meanwhile.
+	Reserve time.Duration
+	// Label is what the agent tunnels under this key (its local address or
+	// tunnel name), so that the token's next agent asking with the same
+	// label is given the same key back (Reserver.ReservedFor).
+	Label string
 }
 
 // Outcome says which rule granted a bind.
@@ -95,6 +108,28 @@ type Result struct {
 
 // ErrTaken is returned by Bind when rule 3 refuses the claim.
 var ErrTaken = errors.New("registry: hostname held by a live session of another instance")
+
+// ErrReserved is returned by Bind when the key is reserved for another token.
+var ErrReserved = errors.New("registry: reserved for another token")
+
+// Reservation keeps a key for the token that last held it.
+type Reservation struct {
+	Key     string
+	TokenID string
+	Label   string
+	// For is how long the key stays reserved after its release.
+	For time.Duration
+	// Until is when the reservation ends; zero while the key is bound.
+	Until time.Time
+}
+
+// Reserver is a Store that keeps reservations (Memory, Bolt).
+type Reserver interface {
+	// Reservation returns key's reservation while it is in force.
+	Reservation(ctx context.Context, key string) (Reservation, bool, error)
+	// ReservedFor returns the reservations in force of tokenID with label, sorted by key.
+	ReservedFor(ctx context.Context, tokenID, label string) ([]Reservation, error)
+}
 
 // Store holds the bindings. Every method is safe for concurrent use and each
 // applies the rules atomically.

@@ -86,7 +86,16 @@ type Tunnel struct {
 	// Name names the tunnel in the inspector, the local API and messages
 	// (a key of the tunnels: file); empty for the command line's.
 	Name string
-	// Local is the local service: PORT, HOST:PORT or an http(s) URL. Required.
+	// Proto is what the tunnel carries: "http" (HTTP to a public name), or
+	// "tcp" (the bytes of each connection, to a public TCP port of the
+	// edge). Empty means http.
+	Proto string
+	// RemotePort, for a TCP tunnel, is the public port to bind; zero takes
+	// the port the edge keeps for the token and this tunnel's local
+	// address (or name), else a free one.
+	RemotePort int
+	// Local is the local service: PORT, HOST:PORT or an http(s) URL (a
+	// TCP tunnel's: PORT or HOST:PORT). Required.
 	Local string
 	// Subdomain is the name to bind; empty asks the edge for a random one.
 	Subdomain string
@@ -137,9 +146,21 @@ type Tunnel struct {
 }
 
 // AsksName reports whether one of c's tunnels asks for a name of its own
-// (a random name has nothing to take back after a restart).
+// (a random name has nothing to take back after a restart); a TCP tunnel
+// always does: the port the edge keeps for it.
 func (c Config) AsksName() bool {
-	return slices.ContainsFunc(c.tunnels(), func(t Tunnel) bool { return t.Subdomain != "" || t.Hostname != "" })
+	return slices.ContainsFunc(c.tunnels(), func(t Tunnel) bool { return t.Subdomain != "" || t.Hostname != "" || t.isTCP() })
+}
+
+// TCPTunnels counts c's TCP tunnels.
+func (c Config) TCPTunnels() int {
+	n := 0
+	for _, t := range c.tunnels() {
+		if t.isTCP() {
+			n++
+		}
+	}
+	return n
 }
 
 // tunnels returns the agent's tunnels: Tunnels, or the embedded one.
@@ -148,6 +169,24 @@ func (c Config) tunnels() []Tunnel {
 		return c.Tunnels
 	}
 	return []Tunnel{c.Tunnel}
+}
+
+// The tunnels' protocols (Tunnel.Proto).
+const (
+	ProtoHTTP = "http"
+	ProtoTCP  = mux.ProtoTCP
+)
+
+// isTCP reports whether t relays TCP connections.
+func (t Tunnel) isTCP() bool { return t.Proto == ProtoTCP }
+
+// label is what the edge keeps a TCP tunnel's port for, with its token:
+// its name, or the command line's local address.
+func (t Tunnel) label() string {
+	if t.Name != "" {
+		return "name:" + t.Name
+	}
+	return "local:" + t.Local
 }
 
 // The upstream protocols (Config.UpstreamProtocol).
@@ -276,15 +315,25 @@ func validateTunnels(ts []Tunnel) error {
 		if want == "" {
 			want = t.Subdomain
 		}
+		if t.isTCP() && t.RemotePort != 0 {
+			want = mux.TCPKey(t.RemotePort)
+		}
 		if want == "" {
 			continue
 		}
 		if other, ok := names[want]; ok {
 			key := "subdomain"
-			if t.Hostname != "" {
+			switch {
+			case t.isTCP():
+				key = "remote-port"
+			case t.Hostname != "":
 				key = "hostname"
 			}
-			return fmt.Errorf("tunnel %q: %s %s is tunnel %q's too: each tunnel needs a name of its own", t.Name, key, want, other)
+			shown := want
+			if p, ok := mux.ParseTCPKey(want); ok {
+				shown = strconv.Itoa(p)
+			}
+			return fmt.Errorf("tunnel %q: %s %s is tunnel %q's too: each tunnel needs a name of its own", t.Name, key, shown, other)
 		}
 		names[want] = t.Name
 	}
@@ -293,6 +342,16 @@ func validateTunnels(ts []Tunnel) error {
 
 // validate reports the first invalid field of one tunnel.
 func (t Tunnel) validate() error {
+	switch t.Proto {
+	case "", ProtoHTTP:
+		if t.RemotePort != 0 {
+			return errors.New("remote-port: a TCP tunnel's (ngstone tcp); an HTTP tunnel has --subdomain or --hostname")
+		}
+	case ProtoTCP:
+		return t.validateTCP()
+	default:
+		return fmt.Errorf("proto %q: want %s or %s", t.Proto, ProtoHTTP, ProtoTCP)
+	}
 	local, err := ParseLocal(t.Local)
 	if err != nil {
 		return err
@@ -323,12 +382,8 @@ func (t Tunnel) validate() error {
 			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
 		}
 	}
-	for flag, list := range map[string][]string{"allow-cidr": t.AllowCIDR, "deny-cidr": t.DenyCIDR} {
-		for _, p := range list {
-			if _, err := mux.ParsePrefix(p); err != nil {
-				return fmt.Errorf("%s %q: %w", flag, p, err)
-			}
-		}
+	if err := t.validatePrefixes(); err != nil {
+		return err
 	}
 	if _, err := parseHeaderRules(t); err != nil {
 		return err
@@ -344,6 +399,39 @@ func (t Tunnel) validate() error {
 	}
 	if t.HostHeader != "" && !validHostHeader(t.HostHeader) {
 		return fmt.Errorf("host-header %q: want rewrite, or a HOST[:PORT]", t.HostHeader)
+	}
+	return nil
+}
+
+// validateTCP reports the first invalid field of a TCP tunnel: what only
+// HTTP has is refused rather than ignored.
+func (t Tunnel) validateTCP() error {
+	_, err := ParseLocal(t.Local)
+	switch {
+	case err != nil:
+		return err
+	case strings.Contains(t.Local, "://"):
+		return fmt.Errorf("local address %q: a TCP tunnel's is PORT or HOST:PORT", t.Local)
+	case t.RemotePort < 0 || t.RemotePort > 65535:
+		return fmt.Errorf("remote-port %d: want 1 to 65535", t.RemotePort)
+	case t.Subdomain != "" || t.Hostname != "":
+		return errors.New("subdomain, hostname: a TCP tunnel has a public port (--remote-port), not a name")
+	case len(t.BasicAuth) > 0 || t.HostHeader != "" || len(t.RequestHeaderAdd)+len(t.RequestHeaderRemove)+len(t.ResponseHeaderAdd)+len(t.ResponseHeaderRemove) > 0:
+		return errors.New("basic-auth, host-header and the header rules are HTTP's: a TCP tunnel relays bytes as they are")
+	case t.UpstreamCAFile != "" || t.UpstreamInsecure || t.UpstreamProtocol == ProtocolHTTP2:
+		return errors.New("upstream-ca-file, upstream-insecure and upstream-protocol are HTTP's: a TCP tunnel relays bytes as they are")
+	}
+	return t.validatePrefixes()
+}
+
+// validatePrefixes checks the tunnel's visitor prefixes.
+func (t Tunnel) validatePrefixes() error {
+	for flag, list := range map[string][]string{"allow-cidr": t.AllowCIDR, "deny-cidr": t.DenyCIDR} {
+		for _, p := range list {
+			if _, err := mux.ParsePrefix(p); err != nil {
+				return fmt.Errorf("%s %q: %w", flag, p, err)
+			}
+		}
 	}
 	return nil
 }

@@ -88,6 +88,8 @@ func keptNames(cfg Config) string {
 	var names []string
 	for _, t := range cfg.tunnels() {
 		switch {
+		case t.isTCP():
+			names = append(names, "tcp "+t.label())
 		case t.Hostname != "":
 			names = append(names, "hostname "+t.Hostname)
 		case t.Subdomain != "":

@@ -106,6 +106,11 @@ func (x *exchange) errCode() string {
 func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
+	t := a.route(r.Host)
+	if t != nil && t.cfg.isTCP() {
+		a.relayTCP(w, r, t)
+		return
+	}
 	body := r.Body
 	sc := r.Context().Value(streamKey{}).(*streamConn)
 	x := &exchange{}
@@ -114,7 +119,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 		x.body.ReadCloser = body
 		r.Body = &x.body
 	}
-	a.begin(x, r)
+	a.begin(x, r, t)
 	sent := sc.written.Load()
 	defer func() {
 		if p := recover(); p != nil {
@@ -136,7 +141,6 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	// body once the response has started.
 	http.NewResponseController(w).EnableFullDuplex()
 	rw := &exchangeWriter{ResponseWriter: w, x: x}
-	t := x.t
 	switch {
 	case t == nil:
 		// A hostname this agent does not serve (any more): the edge
@@ -167,9 +171,9 @@ func endBody(w http.ResponseWriter, body io.ReadCloser, x *exchange) {
 	}
 }
 
-// begin routes the exchange x of r and counts it as open.
-func (a *Agent) begin(x *exchange, r *http.Request) {
-	x.start, x.t = time.Now(), a.route(r.Host)
+// begin counts the exchange x of r, for tunnel t, as open.
+func (a *Agent) begin(x *exchange, r *http.Request, t *tunnel) {
+	x.start, x.t = time.Now(), t
 	a.stats.opened(x.start)
 	if a.inspect != nil {
 		x.cap = &capture{}

@@ -397,13 +397,16 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 	var sent []*tunnel
 	for _, t := range a.tunnels {
 		a.mu.Lock()
-		gone, name := t.final(), t.ask
+		gone, name, port := t.final(), t.ask, t.askPort
 		a.mu.Unlock()
 		if gone {
 			continue
 		}
 		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
-		if t.cfg.Hostname != "" {
+		switch {
+		case t.cfg.isTCP():
+			bind.Subdomain, bind.Proto, bind.Port, bind.Label = "", mux.ProtoTCP, port, t.cfg.label()
+		case t.cfg.Hostname != "":
 			bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
 		}
 		if err := mux.Write(c.ctrl, bind); err != nil {
@@ -495,7 +498,10 @@ func (c *conn) take(t *tunnel, m *mux.BindOK) {
 	c.mu.Unlock()
 	a.mu.Lock()
 	a.hosts[m.Hostname] = t
-	if t.cfg.Hostname == "" {
+	switch port, tcp := mux.ParseTCPKey(m.Hostname); {
+	case tcp:
+		t.askPort = port // the port given is asked for again on rebinds
+	case t.cfg.Hostname == "":
 		t.ask = label(m.Hostname) // a random name is kept for the rebinds
 	}
 	t.st.State, t.st.Hostname, t.st.URL, t.st.URLs, t.st.Generation, t.st.Err = TunnelOnline, m.Hostname, m.URL, m.URLs, m.Generation, nil
@@ -563,6 +569,9 @@ func (a *Agent) needs() map[string]string {
 		}
 		if len(t.cfg.AllowCIDR)+len(t.cfg.DenyCIDR) > 0 {
 			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+		}
+		if t.cfg.isTCP() {
+			need[mux.FeatureTCP] = "TCP tunnels"
 		}
 	}
 	return need

@@ -40,8 +40,9 @@ type tunnel struct {
 	strays     localFailures
 
 	// Under the agent's mu.
-	ask string       // the subdomain to ask for; set by the first bind when random
-	st  TunnelStatus // what the status shows of it
+	ask     string       // the subdomain to ask for; set by the first bind when random
+	askPort int          // a TCP tunnel's port to ask for; set by its first bind
+	st      TunnelStatus // what the status shows of it
 }
 
 // commandLine is the name of the tunnel given on the command line, as
@@ -57,7 +58,7 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	// An edge that matches a prefix in IPv4-mapped form as written lets
 	// every visitor past it: send the IPv4 prefix it means.
 	cfg.AllowCIDR, cfg.DenyCIDR = edgePrefixes(cfg.AllowCIDR), edgePrefixes(cfg.DenyCIDR)
-	t := &tunnel{a: a, cfg: cfg, name: cfg.Name, local: local, ask: cfg.Subdomain}
+	t := &tunnel{a: a, cfg: cfg, name: cfg.Name, local: local, ask: cfg.Subdomain, askPort: cfg.RemotePort}
 	if t.name == "" {
 		t.name = commandLine
 	}
@@ -73,6 +74,9 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	t.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	t.hostHeader = hostHeader(cfg.HostHeader, local)
 	t.st = TunnelStatus{Name: t.name, Local: local.String(), State: TunnelConnecting}
+	if cfg.isTCP() {
+		t.st.Local = local.Host
+	}
 	return t, nil
 }
 
@@ -122,10 +126,12 @@ func (a *Agent) route(host string) *tunnel {
 		return a.tunnels[0]
 	}
 	host = strings.ToLower(host)
-	if h, _, err := net.SplitHostPort(host); err == nil {
-		host = h
+	if _, tcp := mux.ParseTCPKey(host); !tcp {
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(host, ".")
 	}
-	host = strings.TrimSuffix(host, ".")
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.hosts[host]

@@ -11,13 +11,36 @@ import (
 	"github.com/ngstone/ngstone/agent"
 )
 
-// Agent loads `ngstone http` settings.
-type Agent struct{ l *loader }
+// Agent loads `ngstone http` (and `ngstone tcp`) settings.
+type Agent struct {
+	l     *loader
+	proto string // the command line's tunnel's
+}
+
+// httpOnly are the agent's flags that only an HTTP tunnel has.
+var httpOnly = []string{"subdomain", "hostname", "request-header-add", "request-header-remove",
+	"response-header-add", "response-header-remove", "upstream-ca-file", "upstream-insecure",
+	"upstream-protocol", "host-header", "basic-auth"}
+
+// NewTCPAgent registers the flags of `ngstone tcp` on fs: the agent's,
+// those only HTTP has hidden (a TCP tunnel refuses them).
+func NewTCPAgent(fs *pflag.FlagSet) *Agent {
+	a := NewAgent(fs)
+	a.proto = agent.ProtoTCP
+	for _, f := range httpOnly {
+		fs.MarkHidden(f)
+	}
+	fs.MarkHidden("log-requests")
+	fs.Lookup("remote-port").Hidden = false
+	return a
+}
 
 // NewAgent registers the agent's flags on fs.
 func NewAgent(fs *pflag.FlagSet) *Agent {
 	d := agent.DefaultConfig()
 	fs.String("edge", "", "edge control address HOST:PORT (default: start an embedded edge for *.localhost)")
+	fs.Int("remote-port", 0, "public TCP port to bind (default: the port the edge keeps for this token and local address, else a free one)")
+	fs.MarkHidden("remote-port") // ngstone tcp's
 	fs.String("subdomain", "", "subdomain to bind (default: a random name chosen by the edge)")
 	fs.String("hostname", "", "a hostname of your own to bind instead (app.example.org, a CNAME to the edge), if the token allows it")
 	fs.StringArray("allow-cidr", nil, "visitor prefix the edge lets reach the tunnel (repeatable, e.g. 192.0.2.0/24; default: everyone)")
@@ -93,6 +116,9 @@ func (c *Agent) Load(local string) (agent.Config, Log, error) {
 		return cfg, lg, err
 	}
 	cfg.Local = local
+	if c.proto != "" {
+		cfg.Proto = c.proto
+	}
 	return cfg, lg, check(cfg)
 }
 
@@ -156,7 +182,7 @@ func check(cfg agent.Config) error {
 // tunnelKeys are the settings that are each tunnel's own: a flag for the
 // command line's tunnel, a key of each entry of the file's tunnels:.
 var tunnelKeys = []string{
-	"subdomain", "hostname", "allow-cidr", "deny-cidr",
+	"subdomain", "hostname", "remote-port", "allow-cidr", "deny-cidr",
 	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
 	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
 	"basic-auth", "host-header",
@@ -174,6 +200,8 @@ func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
 			t.Subdomain = l.string(key)
 		case "hostname":
 			t.Hostname = l.string(key)
+		case "remote-port":
+			t.RemotePort = e.integer(l, key)
 		case "allow-cidr":
 			t.AllowCIDR = l.strings(key)
 		case "deny-cidr":

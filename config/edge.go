@@ -64,6 +64,9 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Int64("max-request-body", 0, "largest visitor request body in bytes; larger get 413 (0 = no limit)")
 	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
 	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
+	fs.StringSlice("tcp-ports", nil, "public ports of TCP tunnels, PORT or LO-HI items (e.g. 20000-20999); the edge listens on each, on the host of https-addr (default: none, no TCP tunnels)")
+	fs.Duration("tcp-port-reserve", d.TCPPortReserve, "how long a TCP port stays kept for the token that held it after its release, so its next agent gets it back (0 keeps none)")
+	fs.Duration("tcp-idle-timeout", d.TCPIdleTimeout, "close a TCP tunnel's connection that carried no byte either way for this long")
 	clusterFlags(fs)
 	groupEdgeFlags(fs)
 	return &Edge{l: newLoader(fs)}
@@ -73,7 +76,8 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 // the rest (domain, config, logs) are general.
 func groupEdgeFlags(fs *pflag.FlagSet) {
 	group(fs, "Visitors", "http-addr", "https-addr", "reserved-names", "tunnel-timeout", "read-header-timeout",
-		"idle-timeout", "shutdown-grace", "proxy-protocol", "proxy-protocol-from")
+		"idle-timeout", "shutdown-grace", "proxy-protocol", "proxy-protocol-from", "tcp-ports", "tcp-port-reserve",
+		"tcp-idle-timeout")
 	group(fs, "TLS", "tls-mode", "tls-cert", "tls-key", "data-dir", "acme-ca", "acme-email", "acme-ca-root",
 		"dns-provider", "dns-credentials", "dns-resolvers", "dns-propagation-timeout", "on-demand",
 		"on-demand-rate-limit", "on-demand-rate-window", "acme-retry-base", "acme-retry-max")
@@ -155,6 +159,13 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.MaxRequestBody = int64(e.integer(l, "max-request-body"))
 	cfg.ReadHeaderTimeout = e.dur(l, "read-header-timeout")
 	cfg.IdleTimeout = e.dur(l, "idle-timeout")
+	ports, err := mux.ParsePorts(l.strings("tcp-ports")...)
+	if err != nil {
+		e.set(fmt.Errorf("tcp-ports: %w", err))
+	}
+	cfg.TCPPorts = ports
+	cfg.TCPPortReserve = e.dur(l, "tcp-port-reserve")
+	cfg.TCPIdleTimeout = e.dur(l, "tcp-idle-timeout")
 	cfg.ReservedNames = l.strings("reserved-names")
 	if cfg.ReservedNames == nil {
 		cfg.ReservedNames = []string{}

@@ -21,6 +21,7 @@ import (
 //	    hostnames: ["*.team-a.example"]  # hostnames of its own it may bind (--hostname); empty: none
 //	    max_sessions: 5          # concurrent agents; 0: no limit
 //	    max_bindings: 10         # tunnels; 0: no limit
+//	    tcp_ports: ["20000-20009", 22022]  # TCP tunnels' ports it may hold; empty: any of --tcp-ports
 type tokensFile struct {
 	Tokens []edge.TokenPolicy `yaml:"tokens"`
 }

@@ -29,12 +29,16 @@ import (
 //	    hostname: api.example.org
 //	    upstream-insecure: true
 //	    basic-auth: ["alice:correct horse"]
+//	  ssh:
+//	    proto: tcp
+//	    addr: 22
+//	    remote-port: 20022    # optional: the edge keeps one for the tunnel
 //
 // An entry's other keys are the agent's per-tunnel flags (tunnelKeys;
 // ngrok's spelling with '_' is read too); what an entry does not set comes
 // from the command's flags, environment and the file's top level, but the
-// name it asks for, which is each tunnel's own. `proto: http` is allowed,
-// for ngrok's files.
+// name it asks for, which is each tunnel's own. `proto` is http (the
+// default) or tcp.
 
 // errNoTunnels: `ngstone start` without a file, or a file without tunnels.
 var errNoTunnels = errors.New("no tunnels")
@@ -54,8 +58,8 @@ func (c *Agent) LoadTunnels(names []string, all bool) (agent.Config, Log, error)
 		}
 		return cfg, lg, fmt.Errorf("%w: ngstone start runs the tunnels: of a settings file; give --config FILE, or put them in %s", errNoTunnels, where)
 	}
-	if cfg.Subdomain != "" || cfg.Hostname != "" {
-		return cfg, lg, errors.New("subdomain, hostname: each tunnel asks for its own name, in its entry of the tunnels: section")
+	if cfg.Subdomain != "" || cfg.Hostname != "" || cfg.RemotePort != 0 {
+		return cfg, lg, errors.New("subdomain, hostname, remote-port: each tunnel asks for its own name, in its entry of the tunnels: section")
 	}
 	entries, err := readTunnelEntries(file)
 	if err != nil {
@@ -163,14 +167,18 @@ var entryKeys = []string{"addr", "proto"}
 func (e tunnelEntry) tunnel(base agent.Tunnel) (agent.Tunnel, error) {
 	t := base
 	t.Name = e.name
-	t.Subdomain, t.Hostname = "", ""
+	t.Subdomain, t.Hostname, t.RemotePort = "", "", 0
 	for _, k := range slices.Sorted(maps.Keys(e.settings)) {
 		if !slices.Contains(entryKeys, k) && !slices.Contains(tunnelKeys, k) {
 			return t, fmt.Errorf("unknown key %q (an entry's keys are %s)", k, strings.Join(append(slices.Clone(entryKeys), tunnelKeys...), ", "))
 		}
 	}
-	if p, ok := e.settings["proto"]; ok && cast.ToString(p) != "http" {
-		return t, fmt.Errorf("proto %q: ngstone tunnels are http (HTTP and HTTPS)", cast.ToString(p))
+	switch p := cast.ToString(e.settings["proto"]); p {
+	case "", agent.ProtoHTTP:
+	case agent.ProtoTCP:
+		t.Proto = p
+	default:
+		return t, fmt.Errorf("proto %q: want http (HTTP and HTTPS) or tcp", p)
 	}
 	addr, ok := e.settings["addr"]
 	if !ok || strings.TrimSpace(cast.ToString(addr)) == "" {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
+
+	"github.com/ngstone/ngstone/mux"
 )
 
 // TokenPolicy is one agent token and what it may do (a --tokens-file entry).
@@ -33,6 +35,18 @@ type TokenPolicy struct {
 	MaxSessions int `yaml:"max_sessions"`
 	// MaxBindings bounds the token's bound hostnames. Zero means no limit.
 	MaxBindings int `yaml:"max_bindings"`
+	// TCPPorts are the public TCP ports the token may hold (PORT or LO-HI
+	// items, within the edge's --tcp-ports). Empty means any of them.
+	TCPPorts []string `yaml:"tcp_ports"`
+}
+
+// allowsPort reports whether the token may hold public TCP port p.
+func (p *TokenPolicy) allowsPort(port int) bool {
+	if len(p.TCPPorts) == 0 {
+		return true
+	}
+	rs, err := mux.ParsePorts(p.TCPPorts...)
+	return err == nil && mux.PortsContain(rs, port)
 }
 
 // allows reports whether the token may bind the subdomain name.
@@ -73,6 +87,9 @@ func (p *TokenPolicy) Validate(i int) error {
 		if _, err := path.Match(pat, "x"); err != nil || !strings.Contains(pat, ".") {
 			return fmt.Errorf("tokens-file entry %d: hostname pattern %q: want a name such as app.example.org or *.example.org", i+1, pat)
 		}
+	}
+	if _, err := mux.ParsePorts(p.TCPPorts...); err != nil {
+		return fmt.Errorf("tokens-file entry %d: tcp_ports: %v", i+1, err)
 	}
 	if p.MaxSessions < 0 || p.MaxBindings < 0 {
 		return fmt.Errorf("tokens-file entry %d: limits must not be negative", i+1)

@@ -21,6 +21,10 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
 	}
 	switch {
+	case m.Proto == mux.ProtoTCP:
+		return e.bindTCP(ctx, s, m, access)
+	case m.Proto != "":
+		return &mux.BindError{Code: mux.CodeBadRequest, Message: fmt.Sprintf("this edge does not serve %q tunnels: upgrade it", m.Proto)}
 	case m.Hostname != "":
 		return e.bindHostname(ctx, s, m, access)
 	case m.Subdomain == "":
@@ -39,7 +43,7 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		return &mux.BindError{Subdomain: m.Subdomain, Code: mux.CodeUnauthorized,
 			Message: fmt.Sprintf("this token may not bind %q; it may bind %s", m.Subdomain, strings.Join(s.policy.Subdomains, ", "))}
 	}
-	return e.claim(ctx, s, m.Subdomain+"."+e.cfg.Domain, m.Takeover, false, access)
+	return e.claim(ctx, s, m.Subdomain+"."+e.cfg.Domain, m.Takeover, false, access, nil)
 }
 
 // bindHostname answers a bind of a hostname of the agent's own.
@@ -66,7 +70,7 @@ func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access
 		}
 		return refuse(mux.CodeUnauthorized, msg)
 	}
-	return e.claim(ctx, s, host, m.Takeover, false, access)
+	return e.claim(ctx, s, host, m.Takeover, false, access, nil)
 }
 
 func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess) mux.Message {
@@ -79,7 +83,7 @@ func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess
 		if mux.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
 			continue
 		}
-		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access)
+		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access, nil)
 		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
 			continue
 		}
@@ -90,10 +94,14 @@ func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess
 
 // claim asks the registry for host and applies the outcome: record the
 // binding (and who may visit it) on s, evict and fence the previous holder.
-func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exclusive bool, access *visitorAccess) mux.Message {
+// tcp, for a TCP port's key, carries the claim's reservation.
+func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exclusive bool, access *visitorAccess, tcp *registry.Claim) mux.Message {
 	name, own := strings.CutSuffix(host, "."+e.cfg.Domain)
 	bindErr := func(code, msg string) *mux.BindError {
-		if !own {
+		switch {
+		case tcp != nil:
+			return &mux.BindError{Code: code, Message: msg}
+		case !own:
 			return &mux.BindError{Hostname: host, Code: code, Message: msg}
 		}
 		return &mux.BindError{Subdomain: name, Code: code, Message: msg}
@@ -114,18 +122,31 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 	if !exclusive {
 		e.reapStaleHolder(host)
 	}
-	res, err := e.store.Bind(ctx, registry.Claim{
+	c := registry.Claim{
 		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
 		SessionID: s.id, Node: e.nodeName(), Exclusive: exclusive,
-	})
+	}
+	if tcp != nil {
+		c.Reserve, c.Label = tcp.Reserve, tcp.Label
+	}
+	res, err := e.store.Bind(ctx, c)
+	if errors.Is(err, registry.ErrReserved) {
+		s.log.Info("bind refused: port kept for another token", "hostname", host, "code", mux.CodeSubdomainTaken)
+		refused := bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is kept for another token for %s after its last use (--tcp-port-reserve): choose another --remote-port", e.publicName(host), e.cfg.TCPPortReserve))
+		refused.By = &mux.Holder{OtherToken: true}
+		return refused
+	}
 	if errors.Is(err, registry.ErrTaken) {
 		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)
 		choose := "choose another --subdomain"
-		if !own {
+		switch {
+		case tcp != nil:
+			choose = "choose another --remote-port"
+		case !own:
 			choose = "choose another --hostname"
 		}
 		holder := e.holder(ctx, host)
-		refused := bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", host, choose, e.silentHolder(holder)))
+		refused := bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", e.publicName(host), choose, e.silentHolder(holder)))
 		refused.By = e.holderFor(holder, s.tokenID)
 		return refused
 	}
@@ -161,6 +182,14 @@ func (e *Edge) unbind(ctx context.Context, s *session, hostname string) {
 	}
 	s.fence(hostname, gen)
 	e.release(ctx, offlineBinding{host: hostname, session: s.id, gen: gen})
+}
+
+// publicName is host as a person knows it: a TCP port's key as its address.
+func (e *Edge) publicName(host string) string {
+	if p, ok := mux.ParseTCPKey(host); ok {
+		return fmt.Sprintf("port %d", p)
+	}
+	return host
 }
 
 func (e *Edge) isClosing() bool {

@@ -116,6 +116,18 @@ type Config struct {
 	// its request. One whose round trip is longer than this is reset.
 	// Zero means 250ms; within ShutdownGrace.
 	HandshakeSettle time.Duration
+	// TCPPorts are the public ports TCP tunnels may be given. The edge
+	// listens on every one of them, on the host of HTTPSAddr (else of
+	// HTTPAddr). Empty means no TCP tunnels.
+	TCPPorts []mux.PortRange
+	// TCPPortReserve keeps a port for the token that held it for this
+	// long after its last release, so that the token's next agent for the
+	// same local address gets it back and no other token takes it. Zero
+	// keeps no port after its release.
+	TCPPortReserve time.Duration
+	// TCPIdleTimeout closes a TCP tunnel's connection that carried no byte
+	// either way for this long. Zero means 1h.
+	TCPIdleTimeout time.Duration
 	// Mux tunes yamux; zero fields take mux defaults.
 	Mux mux.Config
 	// Store holds the bindings; nil means a registry.Memory of this edge,
@@ -145,6 +157,8 @@ func DefaultConfig() Config {
 		ShutdownGrace:    30 * time.Second,
 		HandshakeSettle:  250 * time.Millisecond,
 		Mux:              mux.DefaultConfig(),
+		TCPPortReserve:   24 * time.Hour,
+		TCPIdleTimeout:   time.Hour,
 
 		ReadHeaderTimeout:    10 * time.Second,
 		IdleTimeout:          2 * time.Minute,
@@ -174,6 +188,7 @@ func (c Config) withDefaults() Config {
 		{&c.ReadHeaderTimeout, &d.ReadHeaderTimeout}, {&c.IdleTimeout, &d.IdleTimeout},
 		{&c.AuthFailureWindow, &d.AuthFailureWindow}, {&c.WriteTimeout, &d.WriteTimeout},
 		{&c.ReadTimeout, &d.ReadTimeout}, {&c.IdleStreamTimeout, &d.IdleStreamTimeout},
+		{&c.TCPIdleTimeout, &d.TCPIdleTimeout},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -222,6 +237,12 @@ func (c Config) Validate() error {
 	}
 	if c.ProxyProtocol && len(c.ProxyProtocolFrom) == 0 {
 		return errors.New("proxy-protocol: name the load balancers it comes from with proxy-protocol-from (e.g. 10.0.0.0/8)")
+	}
+	if len(c.TCPPorts) > 0 && c.Cluster != nil {
+		return errors.New("tcp-ports: TCP tunnels are for an edge that runs alone, not yet in a cluster")
+	}
+	if c.TCPPortReserve < 0 {
+		return fmt.Errorf("tcp-port-reserve %s: must not be negative", c.TCPPortReserve)
 	}
 	if c.RegistryFile != "" && (c.Cluster != nil || c.Store != nil) {
 		return errors.New("a registry file is for an edge that runs alone, on its own store")

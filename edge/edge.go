@@ -23,6 +23,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -63,8 +64,9 @@ type Edge struct {
 	closing  bool
 
 	listeners map[string]net.Listener
-	servers   []*http.Server   // admin and cluster
-	visitors  []*visitorServer // http and https
+	tcpLns    map[int]net.Listener // the TCP tunnels' ports
+	servers   []*http.Server       // admin and cluster
+	visitors  []*visitorServer     // http and https
 	slots     visitorSlots
 	ctrlLn    net.Listener
 	wg        sync.WaitGroup
@@ -87,6 +89,7 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		log:       log,
 		sessions:  make(map[uint64]*session),
 		listeners: make(map[string]net.Listener),
+		tcpLns:    make(map[int]net.Listener),
 		done:      make(chan struct{}),
 		auth:      newAuthLimiter(cfg.AuthFailureLimit, cfg.AuthFailureWindow),
 	}
@@ -174,7 +177,7 @@ func (e *Edge) listen() error {
 		}
 		e.listeners[name] = ln
 	}
-	return nil
+	return e.listenTCP()
 }
 
 func (e *Edge) serve(ctx context.Context) {
@@ -197,6 +200,7 @@ func (e *Edge) serve(ctx context.Context) {
 	tc := e.certs.TLSConfig()
 	tc.NextProtos = []string{mux.ALPN}
 	e.ctrlLn = tls.NewListener(mux.BatchedListener(e.limitAgents(e.listeners["control"])), tc)
+	e.serveTCP(ctx)
 	e.wg.Add(2)
 	go e.acceptAgents(ctx)
 	go e.reap(ctx)
@@ -326,8 +330,12 @@ func (e *Edge) Domain() string { return e.cfg.Domain }
 // Store returns the registry the edge binds through.
 func (e *Edge) Store() registry.Store { return e.store }
 
-// URLs returns the public URLs of hostname, HTTPS first.
+// URLs returns the public URLs of hostname, HTTPS first; of a TCP port's
+// key, its tcp:// address.
 func (e *Edge) URLs(hostname string) []string {
+	if p, ok := mux.ParseTCPKey(hostname); ok {
+		return []string{"tcp://" + net.JoinHostPort(e.cfg.Domain, strconv.Itoa(p))}
+	}
 	var out []string
 	for _, s := range []struct{ name, scheme, port string }{{"https", "https", "443"}, {"http", "http", "80"}} {
 		ln := e.listeners[s.name]
@@ -368,6 +376,9 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 	e.mu.Unlock()
 	if e.ctrlLn != nil {
 		e.ctrlLn.Close()
+	}
+	for _, ln := range e.tcpLns {
+		ln.Close()
 	}
 	now := time.Now()
 	for _, s := range sessions {
@@ -418,6 +429,9 @@ func (e *Edge) Close() error {
 			v.close()
 		}
 		for _, ln := range e.listeners {
+			ln.Close()
+		}
+		for _, ln := range e.tcpLns {
 			ln.Close()
 		}
 		for _, s := range sessions {

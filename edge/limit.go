@@ -13,20 +13,30 @@ import (
 // up accept.
 type limitListener struct {
 	net.Listener
+	*connLimits
+	lazy     bool
+	onRefuse func(addr string)
+}
+
+// connLimits are the counts of one limit, which several listeners may
+// share (the ports of TCP tunnels).
+type connLimits struct {
 	total, perIP int
-	lazy         bool
-	onRefuse     func(addr string)
 
 	mu   sync.Mutex
 	n    int
 	byIP map[string]int
 }
 
+func newConnLimits(total, perIP int) *connLimits {
+	return &connLimits{total: total, perIP: perIP, byIP: map[string]int{}}
+}
+
 func newLimitListener(ln net.Listener, total, perIP int, lazy bool, onRefuse func(string)) net.Listener {
 	if total <= 0 && perIP <= 0 {
 		return ln
 	}
-	return &limitListener{Listener: ln, total: total, perIP: perIP, lazy: lazy, onRefuse: onRefuse, byIP: map[string]int{}}
+	return &limitListener{Listener: ln, connLimits: newConnLimits(total, perIP), lazy: lazy, onRefuse: onRefuse}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -59,7 +69,7 @@ func (l *limitListener) refuse(c net.Conn) {
 
 // acquire takes a connection of ip (of the total, for ""), unless at its
 // bound.
-func (l *limitListener) acquire(ip string) bool {
+func (l *connLimits) acquire(ip string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ip == "" {
@@ -76,7 +86,7 @@ func (l *limitListener) acquire(ip string) bool {
 	return true
 }
 
-func (l *limitListener) release(ip string) {
+func (l *connLimits) release(ip string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if ip == "" {

@@ -36,6 +36,8 @@ type metrics struct {
 	sessionEnds *prometheus.CounterVec // cause
 	limits      *prometheus.CounterVec // limit
 	acceptErrs  *prometheus.CounterVec // listener
+	tcpConns    *prometheus.CounterVec // result
+	tcpBytes    *prometheus.CounterVec // direction
 
 	// classes caches, by status/100, the children a request ends in, so
 	// the common request costs no label hashing: see observe.
@@ -128,7 +130,15 @@ func newMetrics(e *Edge) *metrics {
 		Name: "ngstone_accept_errors_total",
 		Help: "Accept errors on a listener (retried with backoff), by listener: visitor, control.",
 	}, []string{"listener"})
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs)
+	m.tcpConns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_tcp_connections_total",
+		Help: "Visitor connections to TCP tunnels, by result: relayed, no_tunnel, offline, ip_denied, limited, unreachable (the agent could not reach its local service), failed.",
+	}, []string{"result"})
+	m.tcpBytes = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_tcp_bytes_total",
+		Help: "Bytes relayed by TCP tunnels, by direction: in (from visitors), out (to visitors).",
+	}, []string{"direction"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
@@ -170,6 +180,11 @@ func newMetrics(e *Edge) *metrics {
 	}
 	for _, c := range []string{endClosed, endEvicted, endHeartbeatTimeout, endShutdown} {
 		m.sessionEnds.WithLabelValues(c)
+	}
+	if len(e.cfg.TCPPorts) > 0 {
+		for _, r := range []string{tcpRelayed, tcpNoTunnel, tcpOffline, tcpIPDenied, tcpLimited, tcpUnreachable, tcpFailed} {
+			m.tcpConns.WithLabelValues(r)
+		}
 	}
 	return m
 }

@@ -3,8 +3,9 @@
 // An agent dials the edge's control address over TLS and runs a yamux client
 // session on that connection. The first stream the agent opens is the control
 // stream; it carries length-prefixed frames (see spec.md): hello, bind,
-// heartbeat, evicted, unbind, goaway. Every other stream is opened by the edge,
-// one per public request, and carries exactly one HTTP/1.1 exchange.
+// heartbeat, evicted, unbind, goaway. Every other stream is opened by the edge
+// and carries HTTP/1.1 exchanges one after another, as a keep-alive
+// connection does; a TCP tunnel's connection is one exchange (spec.md).
 //
 // The package owns the wire only: message types, framing, limits, the names a
 // bind may carry (ValidateSubdomain, ValidateHostname) and the yamux settings

@@ -65,6 +65,9 @@ const (
 	// FeatureVisitorCIDR: bind takes AllowCIDR and DenyCIDR, and the
 	// edge refuses other visitors (403 ip_denied).
 	FeatureVisitorCIDR = "visitor-cidr"
+	// FeatureTCP: bind takes Proto "tcp" and a Port, and the edge relays
+	// TCP connections of a public port.
+	FeatureTCP = "tcp"
 	// "spare-stream" was listed by edges that took a stream the agent
 	// opened in advance for large uploads; the streams of exchanges now
 	// stay open, and an agent opens none.
@@ -77,7 +80,17 @@ const (
 // such as 192.0.2.0/24 or 2001:db8::/32) restrict the visitors the edge lets
 // reach the tunnel (FeatureVisitorCIDR): an address in a DenyCIDR prefix,
 // or outside every AllowCIDR prefix when there are any, gets 403 ip_denied.
+//
+// A bind with Proto "tcp" (FeatureTCP) asks for a public TCP port instead:
+// Port, or with none the port the edge keeps for the token and Label (the
+// tunnel's local address or name), else a free one. Its hostname is
+// TCPKey(port), and each visitor connection reaches the agent as one
+// exchange whose request body carries the visitor's bytes and whose
+// response body the local service's (spec.md).
 type Bind struct {
+	Proto     string   `json:"proto,omitempty"`
+	Port      int      `json:"port,omitempty"`
+	Label     string   `json:"label,omitempty"`
 	Subdomain string   `json:"subdomain,omitempty"`
 	Hostname  string   `json:"hostname,omitempty"`
 	Takeover  bool     `json:"takeover,omitempty"`
@@ -152,6 +165,9 @@ func (h Holder) String() string {
 	}
 	return ""
 }
+
+// ProtoTCP is a Bind's Proto for a TCP tunnel; "" is HTTP.
+const ProtoTCP = "tcp"
 
 // Unbind releases a hostname gracefully.
 type Unbind struct {

@@ -31,7 +31,7 @@ func TestEmbeddedEdgesStartTogether(t *testing.T) {
 		errs := make([]error, n)
 		var wg sync.WaitGroup
 		for i := range n {
-			wg.Go(func() { edges[i], errs[i] = startEmbeddedEdge(context.Background(), slog.New(slog.DiscardHandler)) })
+			wg.Go(func() { edges[i], errs[i] = startEmbeddedEdge(context.Background(), slog.New(slog.DiscardHandler), 0) })
 		}
 		wg.Wait()
 		seen := map[string]bool{}

@@ -112,7 +112,7 @@ type agentView interface {
 
 func runAgent(ctx context.Context, cfg agent.Config, log *slog.Logger, view agentView) error {
 	if cfg.Edge == "" {
-		e, err := startEmbeddedEdge(ctx, log)
+		e, err := startEmbeddedEdge(ctx, log, cfg.TCPTunnels())
 		if err != nil {
 			return withCode(exitError, err)
 		}
@@ -194,13 +194,18 @@ func embeddedEdgeConfig(dataDir string) edge.Config {
 	return cfg
 }
 
-func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error) {
+// startEmbeddedEdge starts the embedded edge, with tcp free ports of
+// loopback for TCP tunnels.
+func startEmbeddedEdge(ctx context.Context, log *slog.Logger, tcp int) (*edge.Edge, error) {
 	dir, err := os.UserCacheDir()
 	if err != nil {
 		dir = os.TempDir()
 	}
 	cfg := embeddedEdgeConfig(filepath.Join(dir, "ngstone"))
 	for try := 1; ; try++ {
+		if cfg.TCPPorts, err = freeTCPPorts(tcp); err != nil {
+			return nil, fmt.Errorf("embedded edge: %w", err)
+		}
 		// Not "component": the edge's parts (certs) set their own.
 		e, err := edge.New(cfg, log.With("edge", "embedded"))
 		if err != nil {
@@ -223,6 +228,22 @@ func startEmbeddedEdge(ctx context.Context, log *slog.Logger) (*edge.Edge, error
 			}
 		}
 	}
+}
+
+// freeTCPPorts returns n ports of loopback free now, for an embedded edge's
+// TCP tunnels.
+func freeTCPPorts(n int) ([]mux.PortRange, error) {
+	var out []mux.PortRange
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		p := ln.Addr().(*net.TCPAddr).Port
+		out = append(out, mux.PortRange{Lo: p, Hi: p})
+	}
+	return out, nil
 }
 
 // addrOf is the address a failed listen was for; empty if err names none.

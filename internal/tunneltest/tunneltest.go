@@ -18,6 +18,7 @@ import (
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/etcdtest"
+	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
 )
 
@@ -306,4 +307,35 @@ func Stacks() string {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// FreePorts returns n loopback TCP ports free at the time of the call,
+// each a range of its own, for an edge's TCPPorts.
+func FreePorts(t testing.TB, n int) []mux.PortRange {
+	t.Helper()
+	var out []mux.PortRange
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		lns = append(lns, ln)
+		p := ln.Addr().(*net.TCPAddr).Port
+		out = append(out, mux.PortRange{Lo: p, Hi: p})
+	}
+	return out
+}
+
+// TCPAgentConfig is AgentConfig for `ngstone tcp LOCAL`: a TCP tunnel to
+// local, on the public port remote (0: the edge's choice).
+func (e *Edge) TCPAgentConfig(local string, remote int) agent.Config {
+	cfg := e.AgentConfig("", local)
+	cfg.Proto, cfg.RemotePort = agent.ProtoTCP, remote
+	return cfg
 }

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/internal/tunneltest"
+)
+
+// tcpForwarding is the line `ngstone tcp` prints once bound.
+var tcpForwarding = regexp.MustCompile(`^Forwarding tcp://[^:/]+:(\d+) -> (\S+)$`)
+
+// TestTCPRealClients runs the built binary's `ngstone tcp` on the CLI's
+// defaults between real programs: ssh to a loopback sshd running a
+// command, and redis-cli pipelining 10,000 commands into redis-server,
+// whose answers come back in order.
+func TestTCPRealClients(t *testing.T) {
+	sshd, redis := tunneltest.Tool(t, "sshd"), tunneltest.Tool(t, "redis-server")
+	ports := freePorts(t, 7)
+	data := t.TempDir()
+	startProc(t, nil, edgeArgs(data, ports[:3], "--tcp-ports", ports[3]+","+ports[4])...)
+	waitHealthy(t, "127.0.0.1:"+ports[2])
+	agentArgs := []string{"--edge", "127.0.0.1:" + ports[1], "--server-name", "localhost", "--ca-file", filepath.Join(data, "ca.pem")}
+
+	t.Run("ssh", func(t *testing.T) {
+		key := startSSHD(t, sshd, ports[5])
+		p := startProc(t, nil, append([]string{"tcp", ports[5]}, agentArgs...)...)
+		public := p.waitLine(t, tcpForwarding)[1]
+		out, err := exec.Command(tunneltest.Tool(t, "ssh"), "-p", public, "-i", key, "-o", "BatchMode=yes",
+			"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
+			"root@127.0.0.1", "echo through-$((6*7))").CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "through-42") {
+			t.Fatalf("ssh through port %s: %v\n%s", public, err, out)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		startRedis(t, redis, ports[6])
+		p := startProc(t, nil, append([]string{"tcp", ports[6]}, agentArgs...)...)
+		public := p.waitLine(t, tcpForwarding)[1]
+		cli := tunneltest.Tool(t, "redis-cli")
+		var cmds strings.Builder
+		for i := range 10000 {
+			fmt.Fprintf(&cmds, "RPUSH order %d\r\n", i)
+		}
+		pipe := exec.Command(cli, "-p", public, "--pipe")
+		pipe.Stdin = strings.NewReader(cmds.String())
+		out, err := pipe.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "errors: 0, replies: 10000") {
+			t.Fatalf("redis-cli --pipe through port %s: %v\n%s", public, err, out)
+		}
+		out, err = exec.Command(cli, "-p", public, "LRANGE", "order", "0", "-1").Output()
+		got := strings.Fields(string(out))
+		if err != nil || len(got) != 10000 {
+			t.Fatalf("LRANGE through the tunnel: %d items, %v", len(got), err)
+		}
+		for i, v := range got {
+			if v != strconv.Itoa(i) {
+				t.Fatalf("item %d is %q: the answers are out of order", i, v)
+			}
+		}
+	})
+}
+
+// startSSHD runs sshd on loopback port, letting root in with a key of the
+// test's own, and returns the key's file.
+func startSSHD(t *testing.T, sshd, port string) string {
+	t.Helper()
+	dir := t.TempDir()
+	keygen := tunneltest.Tool(t, "ssh-keygen")
+	for _, k := range []string{"host", "user"} {
+		if out, err := exec.Command(keygen, "-q", "-t", "ed25519", "-N", "", "-f", filepath.Join(dir, k)).CombinedOutput(); err != nil {
+			t.Fatalf("ssh-keygen: %v\n%s", err, out)
+		}
+	}
+	pub, err := os.ReadFile(filepath.Join(dir, "user.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "authorized_keys"), string(pub))
+	write(t, filepath.Join(dir, "sshd_config"), fmt.Sprintf(`ListenAddress 127.0.0.1:%s
+HostKey %s/host
+AuthorizedKeysFile %s/authorized_keys
+PidFile none
+StrictModes no
+UsePAM no
+PasswordAuthentication no
+PermitRootLogin prohibit-password
+`, port, dir, dir))
+	os.MkdirAll("/run/sshd", 0o755) // its privilege separation directory
+	cmd := exec.Command(sshd, "-D", "-e", "-f", filepath.Join(dir, "sshd_config"))
+	runProc(t, cmd)
+	waitListening(t, "127.0.0.1:"+port)
+	return filepath.Join(dir, "user")
+}
+
+// startRedis runs redis-server on loopback port, with nothing on disk.
+func startRedis(t *testing.T, redis, port string) {
+	t.Helper()
+	runProc(t, exec.Command(redis, "--bind", "127.0.0.1", "--port", port, "--save", "", "--appendonly", "no", "--dir", t.TempDir()))
+	waitListening(t, "127.0.0.1:"+port)
+}
+
+func write(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitListening waits until addr takes connections.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for {
+		c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("nothing listens on %s: %v", addr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,331 @@
+package edge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ngstone/ngstone/mux"
+	"github.com/ngstone/ngstone/registry"
+)
+
+// TCP tunnels. The edge listens on every port of TCPPorts; a port is bound
+// in the registry as mux.TCPKey(port), under the binding rules of every
+// name. Each visitor connection crosses the tunnel as one exchange on a
+// stream of the owning session, on the request path of every exchange
+// (streamTransport): its request body is what the visitor sends, its
+// response body what the local service sends, each chunked and flushed as
+// it comes, so that the end of either body is that side's half-close.
+
+// Results of a visitor connection: ngstone_tcp_connections_total{result}.
+const (
+	tcpRelayed     = "relayed"
+	tcpNoTunnel    = "no_tunnel"
+	tcpOffline     = "offline"
+	tcpIPDenied    = "ip_denied"
+	tcpLimited     = "limited"     // the session's stream limit
+	tcpUnreachable = "unreachable" // the agent could not reach its local service
+	tcpFailed      = "failed"
+)
+
+// tcpLinger is how long a connection whose local service has closed waits
+// for the visitor's own close before it is closed.
+const tcpLinger = time.Second
+
+// freePortTries bounds the binds tried for a port of no reservation.
+const freePortTries = 64
+
+// listenTCP binds every port of TCPPorts on the visitors' host, all counted
+// against one connection limit.
+func (e *Edge) listenTCP() error {
+	if len(e.cfg.TCPPorts) == 0 {
+		return nil
+	}
+	host := e.tcpHost()
+	var lim *connLimits
+	if e.cfg.MaxConns > 0 || e.cfg.MaxConnsPerIP > 0 {
+		lim = newConnLimits(e.cfg.MaxConns, e.cfg.MaxConnsPerIP)
+	}
+	for _, r := range e.cfg.TCPPorts {
+		for p := r.Lo; p <= r.Hi; p++ {
+			if e.tcpLns[p] != nil {
+				continue
+			}
+			ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(p)))
+			if err != nil {
+				return fmt.Errorf("tcp-ports: port %d: %w", p, err)
+			}
+			if lim != nil {
+				ln = &limitListener{Listener: ln, connLimits: lim, onRefuse: e.tcpRefused}
+			}
+			e.tcpLns[p] = ln
+		}
+	}
+	return nil
+}
+
+// tcpHost is the host the TCP ports listen on: the HTTPS listener's, else
+// the HTTP one's ("" for every interface).
+func (e *Edge) tcpHost() string {
+	for _, a := range []string{e.cfg.HTTPSAddr, e.cfg.HTTPAddr} {
+		if h, _, err := net.SplitHostPort(a); err == nil {
+			return h
+		}
+	}
+	return ""
+}
+
+func (e *Edge) tcpRefused(addr string) {
+	e.metrics.limited(limitVisitorConns)
+	e.metrics.tcpConns.WithLabelValues(tcpLimited).Inc()
+	e.log.Debug("tcp visitor connection refused: connection limit", "remote", addr)
+}
+
+// serveTCP accepts the visitors of every TCP port.
+func (e *Edge) serveTCP(ctx context.Context) {
+	for p, ln := range e.tcpLns {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			acceptLoop(ln, e.log, func() { e.metrics.acceptFailed("tcp") }, func(c net.Conn) {
+				e.wg.Add(1)
+				go func() {
+					defer e.wg.Done()
+					defer c.Close()
+					e.metrics.tcpConns.WithLabelValues(e.relayTCP(ctx, c, p)).Inc()
+				}()
+			})
+		}()
+	}
+}
+
+// TCPAddr returns the address TCP port p listens on; nil if it does not.
+func (e *Edge) TCPAddr(p int) net.Addr {
+	if ln := e.tcpLns[p]; ln != nil {
+		return ln.Addr()
+	}
+	return nil
+}
+
+// relayTCP relays visitor connection c of port to the agent holding it,
+// and says how it went.
+func (e *Edge) relayTCP(ctx context.Context, c net.Conn, port int) string {
+	key := mux.TCPKey(port)
+	b, ok, err := e.lookup(ctx, key)
+	switch {
+	case err != nil:
+		return tcpOffline
+	case !ok:
+		return tcpNoTunnel
+	}
+	s := e.session(b.SessionID)
+	if s == nil || !s.live(time.Now()) {
+		return tcpOffline
+	}
+	ip, _ := netip.ParseAddr(hostOf(c.RemoteAddr().String()))
+	if !s.allows(key, ip) {
+		e.metrics.limited(limitIPDenied)
+		return tcpIPDenied
+	}
+	ctx, cancel := context.WithCancel(context.WithValue(ctx, routeKey{}, route{s: s, hostname: key, generation: b.Generation}))
+	defer cancel()
+	vc := newTCPVisitor(c, e.cfg.TCPIdleTimeout, e.cfg.WriteTimeout, e.metrics)
+	defer vc.stop()
+	up := &tcpUpload{c: vc, done: make(chan struct{})}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://ngstone/", up)
+	req.Host, req.ContentLength = key, -1
+	req.Header.Set("X-Forwarded-For", ip.Unmap().String())
+	head := time.AfterFunc(e.cfg.TunnelTimeout, cancel) // an agent that never answers
+	resp, err := (&streamTransport{e: e}).RoundTrip(req)
+	head.Stop()
+	switch {
+	case errors.Is(err, errTooManyStreams):
+		e.metrics.limited(limitSessionStreams)
+		return tcpLimited
+	case err != nil:
+		e.log.Debug("tcp tunnel failed", "port", port, "err", err)
+		return tcpFailed
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return tcpUnreachable
+	}
+	if _, err := io.Copy(vc, resp.Body); err != nil {
+		return tcpRelayed // either side went away: the connection is over
+	}
+	closeWrite(c)
+	t := time.NewTimer(tcpLinger)
+	defer t.Stop()
+	select {
+	case <-up.done:
+	case <-t.C:
+	}
+	return tcpRelayed
+}
+
+// closeWrite half-closes c (beneath the limit's wrapper), or closes it.
+func closeWrite(c net.Conn) {
+	for {
+		switch v := c.(type) {
+		case interface{ CloseWrite() error }:
+			v.CloseWrite()
+			return
+		case interface{ NetConn() net.Conn }:
+			c = v.NetConn()
+		default:
+			c.Close()
+			return
+		}
+	}
+}
+
+// tcpUpload is a visitor's bytes as a request body; done is closed once
+// the transport is through with it.
+type tcpUpload struct {
+	c    *tcpVisitor
+	once sync.Once
+	done chan struct{}
+}
+
+func (u *tcpUpload) Read(p []byte) (int, error) { return u.c.Read(p) }
+
+func (u *tcpUpload) Close() error {
+	u.once.Do(func() { close(u.done) })
+	return nil
+}
+
+// tcpVisitor is a visitor connection closed once no byte has crossed it
+// either way for idle; each write must make progress within write.
+type tcpVisitor struct {
+	net.Conn
+	write   time.Duration
+	in, out prometheus.Counter
+	last    atomic.Int64 // unix nanoseconds of the last byte either way
+	timer   *time.Timer
+}
+
+func newTCPVisitor(c net.Conn, idle, write time.Duration, m *metrics) *tcpVisitor {
+	v := &tcpVisitor{Conn: c, write: write,
+		in: m.tcpBytes.WithLabelValues("in"), out: m.tcpBytes.WithLabelValues("out")}
+	v.last.Store(time.Now().UnixNano())
+	var check func()
+	check = func() {
+		quiet := time.Since(time.Unix(0, v.last.Load()))
+		if quiet >= idle {
+			c.Close()
+			return
+		}
+		v.timer.Reset(idle - quiet)
+	}
+	v.timer = time.AfterFunc(idle, check)
+	return v
+}
+
+func (v *tcpVisitor) stop() { v.timer.Stop() }
+
+func (v *tcpVisitor) Read(p []byte) (int, error) {
+	n, err := v.Conn.Read(p)
+	if n > 0 {
+		v.last.Store(time.Now().UnixNano())
+		v.in.Add(float64(n))
+	}
+	return n, err
+}
+
+func (v *tcpVisitor) Write(p []byte) (int, error) {
+	v.Conn.SetWriteDeadline(time.Now().Add(v.write))
+	n, err := v.Conn.Write(p)
+	if n > 0 {
+		v.last.Store(time.Now().UnixNano())
+		v.out.Add(float64(n))
+	}
+	return n, err
+}
+
+// bindTCP answers a bind of a public TCP port: the one asked for, else the
+// one kept for the token and the tunnel's label, else a free one.
+func (e *Edge) bindTCP(ctx context.Context, s *session, m *mux.Bind, access *visitorAccess) mux.Message {
+	refuse := func(code, msg string) mux.Message {
+		s.log.Info("bind refused", "port", m.Port, "code", code)
+		return &mux.BindError{Code: code, Message: msg}
+	}
+	switch {
+	case len(e.cfg.TCPPorts) == 0:
+		return refuse(mux.CodeUnauthorized, "this edge serves no TCP tunnels: its operator turns them on with --tcp-ports")
+	case m.Port == 0:
+		return e.bindAnyPort(ctx, s, m, access)
+	case !mux.PortsContain(e.cfg.TCPPorts, m.Port):
+		return refuse(mux.CodeInvalidName, fmt.Sprintf("port %d is not one of the edge's TCP ports (%s): choose another --remote-port", m.Port, mux.PortsString(e.cfg.TCPPorts)))
+	case !s.policy.allowsPort(m.Port):
+		return refuse(mux.CodeUnauthorized, fmt.Sprintf("this token may not hold port %d; it may hold %v", m.Port, s.policy.TCPPorts))
+	}
+	return e.claim(ctx, s, mux.TCPKey(m.Port), m.Takeover, false, access, e.tcpClaim(m))
+}
+
+// tcpClaim is what a TCP bind adds to a claim: the reservation.
+func (e *Edge) tcpClaim(m *mux.Bind) *registry.Claim {
+	return &registry.Claim{Reserve: e.cfg.TCPPortReserve, Label: m.Label}
+}
+
+// bindAnyPort binds the port kept for the token and m's label when it can
+// take it back, else a free port it may hold.
+func (e *Edge) bindAnyPort(ctx context.Context, s *session, m *mux.Bind, access *visitorAccess) mux.Message {
+	if r, ok := e.store.(registry.Reserver); ok {
+		kept, _ := r.ReservedFor(ctx, s.tokenID, m.Label)
+		for _, k := range kept {
+			p, ok := mux.ParseTCPKey(k.Key)
+			if !ok || !mux.PortsContain(e.cfg.TCPPorts, p) || !s.policy.allowsPort(p) {
+				continue
+			}
+			reply := e.claim(ctx, s, k.Key, m.Takeover, false, access, e.tcpClaim(m))
+			if _, ok := reply.(*mux.BindOK); ok {
+				return reply
+			}
+		}
+	}
+	ports := e.freePorts(ctx, s.policy)
+	for _, p := range ports[:min(len(ports), freePortTries)] {
+		reply := e.claim(ctx, s, mux.TCPKey(p), false, true, access, e.tcpClaim(m))
+		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
+			continue
+		}
+		return reply
+	}
+	return &mux.BindError{Code: mux.CodeSubdomainTaken, Message: "the edge has no free TCP port this token may hold; stop a TCP tunnel of this token, or ask its operator for more --tcp-ports"}
+}
+
+// freePorts returns the ports of the edge that policy allows, unbound and
+// kept for no token, in random order.
+func (e *Edge) freePorts(ctx context.Context, policy *TokenPolicy) []int {
+	r, _ := e.store.(registry.Reserver)
+	var out []int
+	for _, pr := range e.cfg.TCPPorts {
+		for p := pr.Lo; p <= pr.Hi; p++ {
+			if !policy.allowsPort(p) {
+				continue
+			}
+			if _, held, err := e.store.Get(ctx, mux.TCPKey(p)); err != nil || held {
+				continue
+			}
+			if r != nil {
+				if _, kept, err := r.Reservation(ctx, mux.TCPKey(p)); err != nil || kept {
+					continue
+				}
+			}
+			out = append(out, p)
+		}
+	}
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	return out
+}

@@ -1,0 +1,169 @@
+package edge_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// tcpDeadline bounds every read and write of these tests, so that a
+// broken relay fails the test with a message instead of hanging it.
+const tcpDeadline = 20 * time.Second
+
+// startTCPTunnel starts an edge with ports TCP ports and an agent of a TCP
+// tunnel to local, and returns the edge and the public port it was given.
+func startTCPTunnel(t *testing.T, ports int, local string) (*tunneltest.Edge, int) {
+	t.Helper()
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TCPPorts = tunneltest.FreePorts(t, ports)
+	e := tunneltest.StartEdge(t, cfg)
+	a := tunneltest.StartAgent(t, e.TCPAgentConfig(local, 0))
+	return e, tcpPort(t, a.WaitOnline(t))
+}
+
+// tcpPort is the public port of the agent's one tunnel.
+func tcpPort(t testing.TB, s agent.Status) int {
+	t.Helper()
+	p, ok := mux.ParseTCPKey(s.Tunnels[0].Hostname)
+	if !ok || !strings.HasPrefix(s.Tunnels[0].URL, "tcp://"+tunneltest.Domain+":") {
+		t.Fatalf("tunnel %q at %q: not a TCP port", s.Tunnels[0].Hostname, s.Tunnels[0].URL)
+	}
+	return p
+}
+
+// dialTCP connects to the edge's public TCP port p.
+func dialTCP(t testing.TB, e *tunneltest.Edge, p int) *net.TCPConn {
+	t.Helper()
+	addr := e.TCPAddr(p)
+	if addr == nil {
+		t.Fatalf("the edge does not listen on port %d", p)
+	}
+	c, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(tcpDeadline))
+	return c.(*net.TCPConn)
+}
+
+// TestTCPTunnelHalfClosesBothWays: a local service that speaks first,
+// then reads to the visitor's half-close, answers with a digest and 1 MiB
+// and closes: each byte crosses as sent, and each half-close as made.
+func TestTCPTunnelHalfClosesBothWays(t *testing.T) {
+	const up, down = 3 << 20, 1 << 20
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(tcpDeadline))
+		io.WriteString(c, "banner\n")
+		h := sha256.New()
+		if _, err := io.Copy(h, c); err != nil {
+			return
+		}
+		c.Write(h.Sum(nil))
+		io.Copy(c, tunneltest.Pattern(down))
+	})
+	e, port := startTCPTunnel(t, 2, local)
+	for round := range 3 { // the stream goes back to the pool, and is taken again
+		c := dialTCP(t, e, port)
+		banner := make([]byte, 7)
+		if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "banner\n" {
+			t.Fatalf("round %d: banner %q, %v", round, banner, err)
+		}
+		want := sha256.New()
+		if _, err := io.Copy(io.MultiWriter(c, want), tunneltest.Pattern(up)); err != nil {
+			t.Fatalf("round %d: upload: %v", round, err)
+		}
+		if err := c.CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(c)
+		if err != nil {
+			t.Fatalf("round %d: after %d bytes: %v", round, len(got), err)
+		}
+		pattern, _ := io.ReadAll(tunneltest.Pattern(down))
+		if len(got) != sha256.Size+down || !bytes.Equal(got[:sha256.Size], want.Sum(nil)) || !bytes.Equal(got[sha256.Size:], pattern) {
+			t.Fatalf("round %d: got %d bytes, want the upload's digest and %d bytes of the pattern", round, len(got), down)
+		}
+	}
+}
+
+// TestTCPServiceCloseEndsConnection: a local service that closes first
+// (an answer, then close) gives the visitor that answer and the end of the
+// stream, while the visitor has not half-closed.
+func TestTCPServiceCloseEndsConnection(t *testing.T) {
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		io.WriteString(c, "bye\n")
+	})
+	e, port := startTCPTunnel(t, 1, local)
+	c := dialTCP(t, e, port)
+	got, err := io.ReadAll(c)
+	if err != nil || string(got) != "bye\n" {
+		t.Fatalf("got %q, %v; want bye and the end", got, err)
+	}
+}
+
+// TestTCPPortStaysTheTokens: a port given to token A comes back to A's
+// next agent (a new instance, asking for no port), across an edge restart
+// on the same registry file; token B is refused it meanwhile, and gets
+// another when it asks for none.
+func TestTCPPortStaysTheTokens(t *testing.T) {
+	local := tunneltest.ServeConns(t, func(c net.Conn) { io.WriteString(c, "hi\n") })
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TCPPorts = tunneltest.FreePorts(t, 3)
+	cfg.RegistryFile = filepath.Join(t.TempDir(), "registry.db")
+	cfg.TokenPolicies = []edge.TokenPolicy{{Token: "token-a"}, {Token: "token-b"}}
+	e := tunneltest.StartEdge(t, cfg)
+	start := func(e *tunneltest.Edge, token string, remote int) *tunneltest.Agent {
+		ac := e.TCPAgentConfig(local, remote)
+		ac.Token = token
+		return tunneltest.StartAgent(t, ac)
+	}
+	a := start(e, "token-a", 0)
+	port := tcpPort(t, a.WaitOnline(t))
+	if err := a.Stop(); err != nil { // a graceful stop: the port is released
+		t.Fatal(err)
+	}
+	refusedB := func(e *tunneltest.Edge) {
+		t.Helper()
+		err := start(e, "token-b", port).Err()
+		var re *agent.RefusedError
+		if !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken || !strings.Contains(re.Message, fmt.Sprintf("port %d", port)) {
+			t.Fatalf("token B asking for token A's port %d: %v; want %s naming the port", port, err, mux.CodeSubdomainTaken)
+		}
+	}
+	refusedB(e)
+	a = start(e, "token-a", 0)
+	if got := tcpPort(t, a.WaitOnline(t)); got != port {
+		t.Fatalf("token A's next agent got port %d, want its port %d back", got, port)
+	}
+	refusedB(e) // while A holds it, too
+
+	a.Stop()
+	e.Close()
+	e = tunneltest.StartEdge(t, cfg)
+	refusedB(e)
+	a = start(e, "token-a", 0)
+	if got := tcpPort(t, a.WaitOnline(t)); got != port {
+		t.Fatalf("after the edge's restart, token A's agent got port %d, want %d", got, port)
+	}
+	b := start(e, "token-b", 0)
+	if got := tcpPort(t, b.WaitOnline(t)); got == port {
+		t.Fatalf("token B got token A's port %d", port)
+	}
+	c := dialTCP(t, e, port)
+	if line, err := io.ReadAll(c); err != nil || string(line) != "hi\n" {
+		t.Fatalf("through the port after the restart: %q, %v", line, err)
+	}
+}

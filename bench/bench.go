@@ -41,6 +41,7 @@ type bench struct {
 	starts int
 	ca     *x509.CertPool
 	peers  []*peer
+	tcp    *tcpService // the tcp phase's local service; nil without it
 	rows   []row
 }
 
@@ -77,6 +78,12 @@ func newBench(o options) (*bench, error) {
 		}
 	}
 	b.be = newBackend()
+	if o.phases["tcp"] {
+		if b.tcp, err = newTCPService(o.size); err != nil {
+			return nil, err
+		}
+		b.addrs["tcp"] = freePort()
+	}
 	return b, nil
 }
 
@@ -87,6 +94,9 @@ func (b *bench) close() {
 	b.agent.stop()
 	b.edge.stop()
 	b.be.close()
+	if b.tcp != nil {
+		b.tcp.close()
+	}
 	removeTemp(b.dir, b.o.keepTemp)
 }
 
@@ -121,6 +131,7 @@ func (b *bench) run() error {
 		{"outage", b.outages},
 		{"idle", b.idleTunnels},
 		{"grpc", b.grpcUnary},
+		{"tcp", b.tcpPhase},
 	}
 	for _, p := range phases {
 		if !b.o.phases[p.name] && !(p.name == "rss" && (b.o.phases["get"] || b.o.phases["xfer"])) {
@@ -156,6 +167,10 @@ func (b *bench) startEdge() error {
 			"--tls-mode", "self-signed", "--log-format", "json", "--max-requests-per-ip", strconv.Itoa(b.perIP()),
 			// The idle phase's agents all come from 127.0.0.1.
 			"--max-agent-conns-per-ip", "0"}
+		if tcp := b.addrs["tcp"]; tcp != "" {
+			_, port, _ := net.SplitHostPort(tcp)
+			args = append(args, "--tcp-ports", port)
+		}
 	}
 	p, err := startProc("edge", b.bin, args, append(env, b.o.childEnv...), filepath.Join(b.dir, "edge.log"))
 	if err != nil {
@@ -255,9 +270,12 @@ func (b *bench) tunnel(scheme, sub string) target {
 	return t
 }
 
-// direct is the backend itself over scheme.
+// direct is the backend itself over scheme (tcp: the tcp phase's service).
 func (b *bench) direct(scheme string) target {
-	if scheme == "https" {
+	switch scheme {
+	case "tcp":
+		return target{base: "tcp://" + b.tcp.addr()}
+	case "https":
 		return target{base: b.be.tls.URL, tls: b.be.tls.Client().Transport.(*http.Transport).TLSClientConfig}
 	}
 	return target{base: b.be.plain.URL}

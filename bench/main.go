@@ -13,6 +13,7 @@
 //	go run ./bench -wan -frp /tmp/frp    # over emulated WAN links (root), frp beside
 //	go run ./bench -wan -windows 1M,4M -wanphases xfer,behind  # stream windows against each other
 //	go run ./bench -wrk wrk -phases get  # plain HTTP small GETs sent by wrk
+//	go run ./bench -phases tcp -frp /tmp/frp -floor -muxfloor  # TCP tunnels: transfers, connect to first byte
 //
 // It prints a Markdown table on stdout and its progress on stderr.
 package main
@@ -122,7 +123,7 @@ func parseFlags() options {
 	flag.BoolVar(&o.self, "self", false, "run the edge and agent from this binary (same packages), which allows -window and -profile")
 	flag.UintVar(&o.window, "window", 0, "yamux stream window in bytes for -self (0: the mux default)")
 	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
-	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run (and grpc: unary gRPC calls through an http2 tunnel)")
+	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run (and grpc: unary gRPC calls through an http2 tunnel; tcp: a TCP tunnel's transfers and connection setup)")
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")

@@ -190,7 +190,7 @@ func splice(c *net.TCPConn, st *yamux.Stream) {
 // end to end, inside the tunnel's TLS.
 func (b *bench) startMuxFloor() (*peer, error) {
 	p := &peer{name: "mux floor", targets: map[string]target{}}
-	for _, scheme := range []string{"http", "https"} {
+	for _, scheme := range b.peerSchemes() {
 		d := b.direct(scheme)
 		to := strings.TrimPrefix(d.base, scheme+"://")
 		listen, tunnel := freePort(), freePort()

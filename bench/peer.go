@@ -112,12 +112,19 @@ func (b *bench) startFRP(dir string) (*peer, error) {
 			"[[proxies]]\nname = \"bench\"\ntype = \"http\"\nlocalIP = \"127.0.0.1\"\nlocalPort = %s\ncustomDomains = [%q]\n",
 			ctlPort, localPort, host),
 	}
+	p := &peer{name: "frp", targets: map[string]target{"http": {base: "http://" + vhost, host: host}}}
+	if b.tcp != nil {
+		remote := freePort()
+		_, remotePort, _ := net.SplitHostPort(remote)
+		_, tcpPort, _ := net.SplitHostPort(b.tcp.addr())
+		files["frpc.toml"] += fmt.Sprintf("\n[[proxies]]\nname = \"benchtcp\"\ntype = \"tcp\"\nlocalIP = \"127.0.0.1\"\nlocalPort = %s\nremotePort = %s\n", tcpPort, remotePort)
+		p.targets["tcp"] = target{base: "tcp://" + remote}
+	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(b.dir, name), []byte(text), 0o644); err != nil {
 			return nil, err
 		}
 	}
-	p := &peer{name: "frp", targets: map[string]target{"http": {base: "http://" + vhost, host: host}}}
 	start := func(side string) (*proc, error) {
 		return startProc(side, filepath.Join(dir, side), []string{"-c", filepath.Join(b.dir, side+".toml")},
 			b.o.childEnv, filepath.Join(b.dir, side+".log"))
@@ -147,6 +154,15 @@ func (b *bench) startFRP(dir string) (*peer, error) {
 	return p, b.waitPeer(p)
 }
 
+// peerSchemes are what the floors relay: HTTP and HTTPS, and the tcp
+// phase's service.
+func (b *bench) peerSchemes() []string {
+	if b.tcp != nil {
+		return []string{"http", "https", "tcp"}
+	}
+	return []string{"http", "https"}
+}
+
 func canDial(addr string) bool {
 	c, err := net.DialTimeout("tcp", addr, time.Second)
 	if err == nil {
@@ -160,7 +176,7 @@ func canDial(addr string) bool {
 // backend's own, end to end.
 func (b *bench) startFloor() (*peer, error) {
 	p := &peer{name: "floor", targets: map[string]target{}}
-	for _, scheme := range []string{"http", "https"} {
+	for _, scheme := range b.peerSchemes() {
 		d := b.direct(scheme)
 		to := strings.TrimPrefix(d.base, scheme+"://")
 		for i := range 2 {
@@ -195,6 +211,13 @@ func (b *bench) startRole(p *peer, name, role string, args ...string) error {
 
 func (b *bench) waitPeer(p *peer) error {
 	for scheme, t := range p.targets {
+		if scheme == "tcp" {
+			if err := waitTCP(tcpAddr(t)); err != nil {
+				p.stop()
+				return fmt.Errorf("%s: tcp: %w; see its log with -keep", p.name, err)
+			}
+			continue
+		}
 		c := t.client(1)
 		_, ok := waitOK(t, c, 15*time.Second, 5*time.Millisecond)
 		c.CloseIdleConnections()

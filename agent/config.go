@@ -86,9 +86,11 @@ type Tunnel struct {
 	// Name names the tunnel in the inspector, the local API and messages
 	// (a key of the tunnels: file); empty for the command line's.
 	Name string
-	// Proto is what the tunnel carries: "http" (HTTP to a public name), or
+	// Proto is what the tunnel carries: "http" (HTTP to a public name),
 	// "tcp" (the bytes of each connection, to a public TCP port of the
-	// edge). Empty means http.
+	// edge), or "tls" (TLS connections to a public name, passed through
+	// whole by SNI: the local service has the certificate). Empty means
+	// http.
 	Proto string
 	// RemotePort, for a TCP tunnel, is the public port to bind; zero takes
 	// the port the edge keeps for the token and this tunnel's local
@@ -175,10 +177,15 @@ func (c Config) tunnels() []Tunnel {
 const (
 	ProtoHTTP = "http"
 	ProtoTCP  = mux.ProtoTCP
+	ProtoTLS  = mux.ProtoTLS
 )
 
-// isTCP reports whether t relays TCP connections.
+// isTCP reports whether t relays a public TCP port.
 func (t Tunnel) isTCP() bool { return t.Proto == ProtoTCP }
+
+// relaysBytes reports whether t relays connections byte for byte: a TCP
+// port's, or a TLS passthrough's.
+func (t Tunnel) relaysBytes() bool { return t.Proto == ProtoTCP || t.Proto == ProtoTLS }
 
 // label is what the edge keeps a TCP tunnel's port for, with its token:
 // its name, or the command line's local address.
@@ -347,10 +354,10 @@ func (t Tunnel) validate() error {
 		if t.RemotePort != 0 {
 			return errors.New("remote-port: a TCP tunnel's (ngstone tcp); an HTTP tunnel has --subdomain or --hostname")
 		}
-	case ProtoTCP:
-		return t.validateTCP()
+	case ProtoTCP, ProtoTLS:
+		return t.validateRelay()
 	default:
-		return fmt.Errorf("proto %q: want %s or %s", t.Proto, ProtoHTTP, ProtoTCP)
+		return fmt.Errorf("proto %q: want %s, %s or %s", t.Proto, ProtoHTTP, ProtoTCP, ProtoTLS)
 	}
 	local, err := ParseLocal(t.Local)
 	if err != nil {
@@ -369,18 +376,8 @@ func (t Tunnel) validate() error {
 	default:
 		return fmt.Errorf("upstream-protocol %q: want %s or %s", t.UpstreamProtocol, ProtocolHTTP1, ProtocolHTTP2)
 	}
-	if t.Subdomain != "" {
-		if err := mux.ValidateSubdomain(t.Subdomain, nil); err != nil {
-			return fmt.Errorf("subdomain: %v", err)
-		}
-	}
-	if t.Hostname != "" {
-		if t.Subdomain != "" {
-			return errors.New("hostname: give --subdomain or --hostname, not both")
-		}
-		if err := mux.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
-			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
-		}
+	if err := t.validateName(); err != nil {
+		return err
 	}
 	if err := t.validatePrefixes(); err != nil {
 		return err
@@ -403,25 +400,49 @@ func (t Tunnel) validate() error {
 	return nil
 }
 
-// validateTCP reports the first invalid field of a TCP tunnel: what only
-// HTTP has is refused rather than ignored.
-func (t Tunnel) validateTCP() error {
-	_, err := ParseLocal(t.Local)
-	switch {
-	case err != nil:
+// validateRelay reports the first invalid field of a TCP or TLS
+// passthrough tunnel: what only HTTP has is refused rather than ignored.
+func (t Tunnel) validateRelay() error {
+	if _, err := ParseLocal(t.Local); err != nil {
 		return err
+	}
+	what := strings.ToUpper(t.Proto)
+	switch {
 	case strings.Contains(t.Local, "://"):
-		return fmt.Errorf("local address %q: a TCP tunnel's is PORT or HOST:PORT", t.Local)
+		return fmt.Errorf("local address %q: a %s tunnel's is PORT or HOST:PORT", t.Local, what)
 	case t.RemotePort < 0 || t.RemotePort > 65535:
 		return fmt.Errorf("remote-port %d: want 1 to 65535", t.RemotePort)
-	case t.Subdomain != "" || t.Hostname != "":
+	case t.isTCP() && (t.Subdomain != "" || t.Hostname != ""):
 		return errors.New("subdomain, hostname: a TCP tunnel has a public port (--remote-port), not a name")
+	case !t.isTCP() && t.RemotePort != 0:
+		return errors.New("remote-port: a TCP tunnel's; a TLS tunnel has --subdomain or --hostname")
 	case len(t.BasicAuth) > 0 || t.HostHeader != "" || len(t.RequestHeaderAdd)+len(t.RequestHeaderRemove)+len(t.ResponseHeaderAdd)+len(t.ResponseHeaderRemove) > 0:
-		return errors.New("basic-auth, host-header and the header rules are HTTP's: a TCP tunnel relays bytes as they are")
+		return fmt.Errorf("basic-auth, host-header and the header rules are HTTP's: a %s tunnel relays bytes as they are", what)
 	case t.UpstreamCAFile != "" || t.UpstreamInsecure || t.UpstreamProtocol == ProtocolHTTP2:
-		return errors.New("upstream-ca-file, upstream-insecure and upstream-protocol are HTTP's: a TCP tunnel relays bytes as they are")
+		return fmt.Errorf("upstream-ca-file, upstream-insecure and upstream-protocol are HTTP's: a %s tunnel relays bytes as they are", what)
+	}
+	if err := t.validateName(); err != nil {
+		return err
 	}
 	return t.validatePrefixes()
+}
+
+// validateName checks the name the tunnel asks for, if any.
+func (t Tunnel) validateName() error {
+	if t.Subdomain != "" {
+		if err := mux.ValidateSubdomain(t.Subdomain, nil); err != nil {
+			return fmt.Errorf("subdomain: %v", err)
+		}
+	}
+	if t.Hostname != "" {
+		if t.Subdomain != "" {
+			return errors.New("hostname: give --subdomain or --hostname, not both")
+		}
+		if err := mux.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
+			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
+		}
+	}
+	return nil
 }
 
 // validatePrefixes checks the tunnel's visitor prefixes.

@@ -107,7 +107,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	a.wg.Add(1) // while the stream's count is held: never from zero
 	defer a.wg.Done()
 	t := a.route(r.Host)
-	if t != nil && t.cfg.isTCP() {
+	if t != nil && t.cfg.relaysBytes() {
 		a.relayTCP(w, r, t)
 		return
 	}

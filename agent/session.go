@@ -409,6 +409,9 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 		case t.cfg.Hostname != "":
 			bind.Subdomain, bind.Hostname = "", t.cfg.Hostname
 		}
+		if t.cfg.Proto == ProtoTLS {
+			bind.Proto = mux.ProtoTLS
+		}
 		if err := mux.Write(c.ctrl, bind); err != nil {
 			return nil, t.wrap(fmt.Errorf("bind: %w", err))
 		}
@@ -570,8 +573,11 @@ func (a *Agent) needs() map[string]string {
 		if len(t.cfg.AllowCIDR)+len(t.cfg.DenyCIDR) > 0 {
 			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
 		}
-		if t.cfg.isTCP() {
+		switch t.cfg.Proto {
+		case ProtoTCP:
 			need[mux.FeatureTCP] = "TCP tunnels"
+		case ProtoTLS:
+			need[mux.FeatureTLS] = "TLS passthrough"
 		}
 	}
 	return need

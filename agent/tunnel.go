@@ -74,7 +74,7 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	t.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	t.hostHeader = hostHeader(cfg.HostHeader, local)
 	t.st = TunnelStatus{Name: t.name, Local: local.String(), State: TunnelConnecting}
-	if cfg.isTCP() {
+	if cfg.relaysBytes() {
 		t.st.Local = local.Host
 	}
 	return t, nil

@@ -35,6 +35,20 @@ func NewTCPAgent(fs *pflag.FlagSet) *Agent {
 	return a
 }
 
+// NewTLSAgent registers the flags of `ngstone tls` on fs: the agent's,
+// those only HTTP has hidden but the name's (a TLS tunnel refuses them).
+func NewTLSAgent(fs *pflag.FlagSet) *Agent {
+	a := NewAgent(fs)
+	a.proto = agent.ProtoTLS
+	for _, f := range httpOnly {
+		if f != "subdomain" && f != "hostname" {
+			fs.MarkHidden(f)
+		}
+	}
+	fs.MarkHidden("log-requests")
+	return a
+}
+
 // NewAgent registers the agent's flags on fs.
 func NewAgent(fs *pflag.FlagSet) *Agent {
 	d := agent.DefaultConfig()

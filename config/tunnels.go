@@ -33,12 +33,16 @@ import (
 //	    proto: tcp
 //	    addr: 22
 //	    remote-port: 20022    # optional: the edge keeps one for the tunnel
+//	  mqtt:
+//	    proto: tls            # passed through by SNI: the local service has the certificate
+//	    addr: 8883
+//	    subdomain: mqtt
 //
 // An entry's other keys are the agent's per-tunnel flags (tunnelKeys;
 // ngrok's spelling with '_' is read too); what an entry does not set comes
 // from the command's flags, environment and the file's top level, but the
 // name it asks for, which is each tunnel's own. `proto` is http (the
-// default) or tcp.
+// default), tcp or tls.
 
 // errNoTunnels: `ngstone start` without a file, or a file without tunnels.
 var errNoTunnels = errors.New("no tunnels")
@@ -175,10 +179,10 @@ func (e tunnelEntry) tunnel(base agent.Tunnel) (agent.Tunnel, error) {
 	}
 	switch p := cast.ToString(e.settings["proto"]); p {
 	case "", agent.ProtoHTTP:
-	case agent.ProtoTCP:
+	case agent.ProtoTCP, agent.ProtoTLS:
 		t.Proto = p
 	default:
-		return t, fmt.Errorf("proto %q: want http (HTTP and HTTPS) or tcp", p)
+		return t, fmt.Errorf("proto %q: want http (HTTP and HTTPS), tcp or tls", p)
 	}
 	addr, ok := e.settings["addr"]
 	if !ok || strings.TrimSpace(cast.ToString(addr)) == "" {

@@ -102,7 +102,7 @@ func TestBadTunnelEntries(t *testing.T) {
 		"duplicate name":    {"tunnels:\n  a:\n    addr: 1\n    subdomain: x\n  b:\n    addr: 2\n    subdomain: x\n", `subdomain x is tunnel "a"'s too`},
 		"bad duration":      {"tunnels:\n  web:\n    addr: 3000\n    upstream-timeout: 5\n", `tunnel "web": upstream-timeout`},
 		"bad bool":          {"tunnels:\n  web:\n    addr: 3000\n    upstream-insecure: maybe\n", `tunnel "web": upstream-insecure`},
-		"udp":               {"tunnels:\n  db:\n    addr: 5432\n    proto: udp\n", `tunnel "db": proto "udp"`},
+		"udp":               {"tunnels:\n  db:\n    addr: 5432\n    proto: udp\n", `tunnel "db": proto "udp": want http (HTTP and HTTPS), tcp or tls`},
 		"tcp with a name":   {"tunnels:\n  db:\n    addr: 5432\n    proto: tcp\n    subdomain: db\n", `tunnel "db": subdomain, hostname: a TCP tunnel has a public port`},
 		"tcp to a URL":      {"tunnels:\n  db:\n    addr: http://localhost:5432\n    proto: tcp\n", `a TCP tunnel's is PORT or HOST:PORT`},
 		"tcp port twice":    {"tunnels:\n  a:\n    addr: 1\n    proto: tcp\n    remote-port: 20001\n  b:\n    addr: 2\n    proto: tcp\n    remote_port: 20001\n", `remote-port 20001 is tunnel "a"'s too`},

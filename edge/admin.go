@@ -118,7 +118,7 @@ func (e *Edge) Tunnels(ctx context.Context) ([]Tunnel, error) {
 // its edge answered (remote, from remoteSessions) for one of another.
 func (e *Edge) tunnel(b registry.Binding, now time.Time, remote map[string]map[uint64]sessionStatus) Tunnel {
 	t := Tunnel{
-		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname)), InstanceID: b.InstanceID,
+		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname, b.Proto)), InstanceID: b.InstanceID,
 		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(), Node: b.Node,
 	}
 	var st sessionStatus

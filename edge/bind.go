@@ -20,15 +20,24 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	if err != nil {
 		return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
 	}
-	switch {
-	case m.Proto == mux.ProtoTCP:
+	var opts *registry.Claim // what the claim adds to a name's
+	switch m.Proto {
+	case "":
+	case mux.ProtoTCP:
 		return e.bindTCP(ctx, s, m, access)
-	case m.Proto != "":
+	case mux.ProtoTLS:
+		if e.cluster != nil {
+			return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeUnauthorized, Message: "TLS passthrough is for an edge that runs alone, not yet in a cluster"}
+		}
+		opts = &registry.Claim{Proto: mux.ProtoTLS}
+	default:
 		return &mux.BindError{Code: mux.CodeBadRequest, Message: fmt.Sprintf("this edge does not serve %q tunnels: upgrade it", m.Proto)}
+	}
+	switch {
 	case m.Hostname != "":
-		return e.bindHostname(ctx, s, m, access)
+		return e.bindHostname(ctx, s, m, access, opts)
 	case m.Subdomain == "":
-		return e.bindRandom(ctx, s, access)
+		return e.bindRandom(ctx, s, access, opts)
 	}
 	if err := mux.ValidateSubdomain(m.Subdomain, e.cfg.ReservedNames); err != nil {
 		code := mux.CodeInvalidName
@@ -43,11 +52,11 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		return &mux.BindError{Subdomain: m.Subdomain, Code: mux.CodeUnauthorized,
 			Message: fmt.Sprintf("this token may not bind %q; it may bind %s", m.Subdomain, strings.Join(s.policy.Subdomains, ", "))}
 	}
-	return e.claim(ctx, s, m.Subdomain+"."+e.cfg.Domain, m.Takeover, false, access, nil)
+	return e.claim(ctx, s, m.Subdomain+"."+e.cfg.Domain, m.Takeover, false, access, opts)
 }
 
 // bindHostname answers a bind of a hostname of the agent's own.
-func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access *visitorAccess) mux.Message {
+func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access *visitorAccess, opts *registry.Claim) mux.Message {
 	host, err := NormalizeHost(m.Hostname)
 	refuse := func(code, msg string) mux.Message {
 		s.log.Info("bind refused", "hostname", m.Hostname, "code", code)
@@ -70,10 +79,10 @@ func (e *Edge) bindHostname(ctx context.Context, s *session, m *mux.Bind, access
 		}
 		return refuse(mux.CodeUnauthorized, msg)
 	}
-	return e.claim(ctx, s, host, m.Takeover, false, access, nil)
+	return e.claim(ctx, s, host, m.Takeover, false, access, opts)
 }
 
-func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess) mux.Message {
+func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess, opts *registry.Claim) mux.Message {
 	if len(s.policy.Subdomains) > 0 {
 		return &mux.BindError{Code: mux.CodeUnauthorized,
 			Message: "this token may only bind " + strings.Join(s.policy.Subdomains, ", ") + ": pass --subdomain"}
@@ -83,7 +92,7 @@ func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess
 		if mux.ValidateSubdomain(name, e.cfg.ReservedNames) != nil {
 			continue
 		}
-		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access, nil)
+		reply := e.claim(ctx, s, name+"."+e.cfg.Domain, false, true, access, opts)
 		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
 			continue
 		}
@@ -94,12 +103,14 @@ func (e *Edge) bindRandom(ctx context.Context, s *session, access *visitorAccess
 
 // claim asks the registry for host and applies the outcome: record the
 // binding (and who may visit it) on s, evict and fence the previous holder.
-// tcp, for a TCP port's key, carries the claim's reservation.
-func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exclusive bool, access *visitorAccess, tcp *registry.Claim) mux.Message {
+// opts, when set, carries what the claim adds to a name's: a TCP port's
+// reservation, a TLS passthrough's proto.
+func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exclusive bool, access *visitorAccess, opts *registry.Claim) mux.Message {
 	name, own := strings.CutSuffix(host, "."+e.cfg.Domain)
+	_, tcp := mux.ParseTCPKey(host)
 	bindErr := func(code, msg string) *mux.BindError {
 		switch {
-		case tcp != nil:
+		case tcp:
 			return &mux.BindError{Code: code, Message: msg}
 		case !own:
 			return &mux.BindError{Hostname: host, Code: code, Message: msg}
@@ -126,8 +137,8 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		Hostname: host, InstanceID: s.instanceID, TokenID: s.tokenID,
 		SessionID: s.id, Node: e.nodeName(), Exclusive: exclusive,
 	}
-	if tcp != nil {
-		c.Reserve, c.Label = tcp.Reserve, tcp.Label
+	if opts != nil {
+		c.Reserve, c.Label, c.Proto = opts.Reserve, opts.Label, opts.Proto
 	}
 	res, err := e.store.Bind(ctx, c)
 	if errors.Is(err, registry.ErrReserved) {
@@ -140,7 +151,7 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		s.log.Info("bind refused", "hostname", host, "code", mux.CodeSubdomainTaken)
 		choose := "choose another --subdomain"
 		switch {
-		case tcp != nil:
+		case tcp:
 			choose = "choose another --remote-port"
 		case !own:
 			choose = "choose another --hostname"
@@ -170,7 +181,7 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 	// now; its eviction notice follows this reply (see session.bindMu).
 	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(),
 		"takeover", takeover, "superseded", !added, "visitors", access.String())
-	urls := e.URLs(host)
+	urls := e.URLs(host, c.Proto)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
 }
 

@@ -183,13 +183,13 @@ func (e *Edge) listen() error {
 func (e *Edge) serve(ctx context.Context) {
 	if ln := e.listeners["http"]; ln != nil {
 		q := &drainingListener{Listener: ln}
-		e.serveVisitors(q, e.limitVisitors(q), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
+		e.serveVisitors(ctx, q, e.limitVisitors(q), e.certs.HTTPHandler(e.metrics.instrument(e.visitorHandler())), nil)
 	}
 	if ln := e.listeners["https"]; ln != nil {
 		// Batched: a visitor's upload is read up to 256 KiB a syscall, and
 		// the records of one response write leave in one (visitorWriter).
 		q := &drainingListener{Listener: ln}
-		e.serveVisitors(q, mux.BatchedListener(e.limitVisitors(q)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.certs.TLSConfig())
+		e.serveVisitors(ctx, q, mux.BatchedListener(e.limitVisitors(q)), withTLSState(e.metrics.instrument(e.visitorHandler())), e.passthroughTLS(e.certs.TLSConfig()))
 	}
 	if ln := e.listeners["admin"]; ln != nil {
 		e.serveHTTP(ln, e.adminHandler(), nil)
@@ -246,8 +246,9 @@ func (e *Edge) limitAgents(ln net.Listener) net.Listener {
 
 // serveVisitors serves a visitor listener ln (q is its socket, for the
 // drain): over TLS when tc is set.
-func (e *Edge) serveVisitors(q *drainingListener, ln net.Listener, h http.Handler, tc *tls.Config) {
+func (e *Edge) serveVisitors(ctx context.Context, q *drainingListener, ln net.Listener, h http.Handler, tc *tls.Config) {
 	v := e.newVisitorServer(ln, h, tc)
+	v.ctx = ctx
 	v.queue = q
 	e.visitors = append(e.visitors, v)
 	v.start()
@@ -330,14 +331,19 @@ func (e *Edge) Domain() string { return e.cfg.Domain }
 // Store returns the registry the edge binds through.
 func (e *Edge) Store() registry.Store { return e.store }
 
-// URLs returns the public URLs of hostname, HTTPS first; of a TCP port's
-// key, its tcp:// address.
-func (e *Edge) URLs(hostname string) []string {
+// URLs returns the public URLs of hostname bound for proto (a binding's
+// Proto), HTTPS first; of a TCP port's key, its tcp:// address; of a
+// TLS passthrough's name, its tls:// one.
+func (e *Edge) URLs(hostname, proto string) []string {
 	if p, ok := mux.ParseTCPKey(hostname); ok {
 		return []string{"tcp://" + net.JoinHostPort(e.cfg.Domain, strconv.Itoa(p))}
 	}
+	listeners := []struct{ name, scheme, port string }{{"https", "https", "443"}, {"http", "http", "80"}}
+	if proto == mux.ProtoTLS {
+		listeners = []struct{ name, scheme, port string }{{"https", "tls", "443"}}
+	}
 	var out []string
-	for _, s := range []struct{ name, scheme, port string }{{"https", "https", "443"}, {"http", "http", "80"}} {
+	for _, s := range listeners {
 		ln := e.listeners[s.name]
 		if ln == nil {
 			continue
@@ -491,8 +497,12 @@ func (e *Edge) certPolicy(ctx context.Context, host string) error {
 	if host == e.cfg.Domain {
 		return nil
 	}
-	if _, ok, err := e.store.Get(ctx, host); err != nil || !ok {
+	b, ok, err := e.store.Get(ctx, host)
+	switch {
+	case err != nil || !ok:
 		return fmt.Errorf("no tunnel is bound to %s", host)
+	case b.Proto == mux.ProtoTLS:
+		return fmt.Errorf("%s is passed through to its agent, which has its own certificate", host)
 	}
 	return nil
 }

@@ -57,6 +57,7 @@ func acceptLoop(ln net.Listener, log *slog.Logger, failed func(), serve func(net
 // visitorServer is one visitor listener.
 type visitorServer struct {
 	e   *Edge
+	ctx context.Context // the edge's run, which TLS passthroughs relay within
 	srv *http.Server
 	tls *tls.Config // nil: plain HTTP
 
@@ -148,9 +149,20 @@ func (v *visitorServer) start() {
 // connection to the server: an HTTP/2 one as is, an HTTP/1.1 one in the
 // wrapper that tags net/http's own error responses.
 func (v *visitorServer) handshake(raw net.Conn) {
+	mux.Peek(raw) // until the ClientHello's name says whether to pass it through
 	c := tls.Server(raw, v.tls)
 	raw.SetDeadline(time.Now().Add(v.e.cfg.ReadHeaderTimeout))
-	if err := c.HandshakeContext(context.Background()); err != nil {
+	err := c.HandshakeContext(context.Background())
+	var pass passthrough
+	if errors.As(err, &pass) {
+		raw.SetDeadline(time.Time{})
+		mux.EndPeek(raw, true)
+		v.e.metrics.tcpConns.WithLabelValues(v.e.relayConn(v.ctx, raw, string(pass))).Inc()
+		raw.Close()
+		return
+	}
+	mux.EndPeek(raw, false)
+	if err != nil {
 		var re tls.RecordHeaderError
 		if errors.As(err, &re) && re.Conn != nil && looksLikeHTTP(re.RecordHeader[:]) {
 			// As net/http does: a plaintext request on the HTTPS port.

@@ -62,7 +62,7 @@ func (e *Edge) visitorHandler() http.Handler {
 			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
 			return
 		}
-		if !ok {
+		if !ok || b.Proto == mux.ProtoTLS { // a passthrough's name has no HTTP
 			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, host)
 			return
 		}

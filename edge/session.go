@@ -255,7 +255,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)

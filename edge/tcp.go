@@ -2,9 +2,11 @@ package edge
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -103,7 +105,7 @@ func (e *Edge) serveTCP(ctx context.Context) {
 				go func() {
 					defer e.wg.Done()
 					defer c.Close()
-					e.metrics.tcpConns.WithLabelValues(e.relayTCP(ctx, c, p)).Inc()
+					e.metrics.tcpConns.WithLabelValues(e.relayConn(ctx, c, mux.TCPKey(p))).Inc()
 				}()
 			})
 		}()
@@ -118,10 +120,9 @@ func (e *Edge) TCPAddr(p int) net.Addr {
 	return nil
 }
 
-// relayTCP relays visitor connection c of port to the agent holding it,
-// and says how it went.
-func (e *Edge) relayTCP(ctx context.Context, c net.Conn, port int) string {
-	key := mux.TCPKey(port)
+// relayConn relays visitor connection c to the agent holding key (a TCP
+// port's, or a TLS passthrough's name), and says how it went.
+func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	b, ok, err := e.lookup(ctx, key)
 	switch {
 	case err != nil:
@@ -154,7 +155,7 @@ func (e *Edge) relayTCP(ctx context.Context, c net.Conn, port int) string {
 		e.metrics.limited(limitSessionStreams)
 		return tcpLimited
 	case err != nil:
-		e.log.Debug("tcp tunnel failed", "port", port, "err", err)
+		e.log.Debug("tcp tunnel failed", "key", key, "err", err)
 		return tcpFailed
 	}
 	defer resp.Body.Close()
@@ -219,16 +220,16 @@ func newTCPVisitor(c net.Conn, idle, write time.Duration, m *metrics) *tcpVisito
 	v := &tcpVisitor{Conn: c, write: write,
 		in: m.tcpBytes.WithLabelValues("in"), out: m.tcpBytes.WithLabelValues("out")}
 	v.last.Store(time.Now().UnixNano())
-	var check func()
-	check = func() {
+	// Armed once v.timer is set, which check reads.
+	v.timer = time.AfterFunc(math.MaxInt64, func() {
 		quiet := time.Since(time.Unix(0, v.last.Load()))
 		if quiet >= idle {
 			c.Close()
 			return
 		}
 		v.timer.Reset(idle - quiet)
-	}
-	v.timer = time.AfterFunc(idle, check)
+	})
+	v.timer.Reset(idle)
 	return v
 }
 
@@ -328,4 +329,30 @@ func (e *Edge) freePorts(ctx context.Context, policy *TokenPolicy) []int {
 	}
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	return out
+}
+
+// passthrough is the handshake's error for a ClientHello whose name is
+// bound for TLS passthrough: the name.
+type passthrough string
+
+func (p passthrough) Error() string { return "edge: " + string(p) + " is passed through" }
+
+// passthroughTLS is tc for the HTTPS listener: a ClientHello whose name is
+// bound for TLS passthrough ends the handshake before any answer, with
+// the passthrough error, so that the connection goes to the agent whole.
+func (e *Edge) passthroughTLS(tc *tls.Config) *tls.Config {
+	next := tc.GetConfigForClient
+	tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
+		if host, err := NormalizeHost(h.ServerName); err == nil && host != "" {
+			if b, ok, err := e.lookup(h.Context(), host); err == nil && ok && b.Proto == mux.ProtoTLS {
+				return nil, passthrough(host)
+			}
+		}
+		mux.EndPeek(h.Conn, false) // answered here: its writes go out
+		if next != nil {
+			return next(h)
+		}
+		return nil, nil
+	}
+	return tc
 }

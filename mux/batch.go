@@ -2,6 +2,7 @@ package mux
 
 import (
 	"crypto/tls"
+	"errors"
 	"net"
 	"sync"
 )
@@ -41,6 +42,10 @@ type batchedConn struct {
 	rbuf      *[]byte // unread bytes are (*rbuf)[r:w]; nil when empty
 	r, w      int
 	streaming bool // the last read filled what it was given
+	// While peeking (Peek), what is read is kept in peeked; replay is
+	// what EndPeek gave back, read before anything else.
+	peeking        bool
+	peeked, replay []byte
 
 	// Write side: mu orders corked buffers and passing writes.
 	mu     sync.Mutex
@@ -49,6 +54,22 @@ type batchedConn struct {
 }
 
 func (c *batchedConn) Read(p []byte) (int, error) {
+	if len(c.replay) > 0 {
+		n := copy(p, c.replay)
+		c.replay = c.replay[n:]
+		return n, nil
+	}
+	n, err := c.read(p)
+	if c.peeking {
+		if len(c.peeked)+n > maxPeek {
+			return 0, ErrPeekTooLarge
+		}
+		c.peeked = append(c.peeked, p[:n]...)
+	}
+	return n, err
+}
+
+func (c *batchedConn) read(p []byte) (int, error) {
 	if c.rbuf != nil {
 		n := copy(p, (*c.rbuf)[c.r:c.w])
 		c.r += n
@@ -90,6 +111,9 @@ func (c *batchedConn) releaseRead() {
 func (c *batchedConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.peeking {
+		return len(p), nil
+	}
 	if c.corked {
 		c.gather(p)
 		return len(p), nil
@@ -159,6 +183,42 @@ func batchedUnder(c net.Conn) *batchedConn {
 	}
 	bc, _ := tc.NetConn().(*batchedConn)
 	return bc
+}
+
+// maxPeek bounds what a peek keeps: a ClientHello is at most 64 KiB.
+const maxPeek = 128 << 10
+
+// ErrPeekTooLarge: a peeked connection read more than a ClientHello.
+var ErrPeekTooLarge = errors.New("mux: more read while peeking than a TLS ClientHello")
+
+// Peek starts keeping what c, a batched connection, reads, and dropping
+// what is written to it, so that its reader (crypto/tls reading a
+// ClientHello) can give the connection up untouched: EndPeek. It reports
+// whether c is a batched connection. Not concurrently with c's reads.
+func Peek(c net.Conn) bool {
+	bc, ok := c.(*batchedConn)
+	if ok {
+		bc.mu.Lock()
+		bc.peeking = true
+		bc.mu.Unlock()
+	}
+	return ok
+}
+
+// EndPeek ends Peek; with replay, c's next reads return again what was
+// read while peeking.
+func EndPeek(c net.Conn, replay bool) {
+	bc, ok := c.(*batchedConn)
+	if !ok {
+		return
+	}
+	bc.mu.Lock()
+	bc.peeking = false
+	bc.mu.Unlock()
+	if replay {
+		bc.replay = bc.peeked
+	}
+	bc.peeked = nil
 }
 
 // BatchedListener wraps a listener whose connections carry sessions:

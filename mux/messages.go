@@ -68,6 +68,9 @@ const (
 	// FeatureTCP: bind takes Proto "tcp" and a Port, and the edge relays
 	// TCP connections of a public port.
 	FeatureTCP = "tcp"
+	// FeatureTLS: bind takes Proto "tls" with a Subdomain or Hostname, and
+	// the edge passes TLS connections for that name (by SNI) through.
+	FeatureTLS = "tls"
 	// "spare-stream" was listed by edges that took a stream the agent
 	// opened in advance for large uploads; the streams of exchanges now
 	// stay open, and an agent opens none.
@@ -86,7 +89,9 @@ const (
 // tunnel's local address or name), else a free one. Its hostname is
 // TCPKey(port), and each visitor connection reaches the agent as one
 // exchange whose request body carries the visitor's bytes and whose
-// response body the local service's (spec.md).
+// response body the local service's (spec.md). A bind with Proto "tls"
+// (FeatureTLS) asks for a Subdomain or Hostname whose TLS connections the
+// edge passes through whole, each as a TCP tunnel's connection.
 type Bind struct {
 	Proto     string   `json:"proto,omitempty"`
 	Port      int      `json:"port,omitempty"`
@@ -166,8 +171,14 @@ func (h Holder) String() string {
 	return ""
 }
 
-// ProtoTCP is a Bind's Proto for a TCP tunnel; "" is HTTP.
-const ProtoTCP = "tcp"
+// A Bind's Proto: "" is HTTP.
+const (
+	// ProtoTCP: a public TCP port.
+	ProtoTCP = "tcp"
+	// ProtoTLS: TLS connections for a name passed through by SNI, their
+	// bytes relayed as a TCP tunnel's.
+	ProtoTLS = "tls"
+)
 
 // Unbind releases a hostname gracefully.
 type Unbind struct {

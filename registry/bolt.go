@@ -76,6 +76,7 @@ type boltRecord struct {
 	Generation uint64    `json:"generation"`
 	BoundAt    time.Time `json:"bound_at"`
 	LastHeard  time.Time `json:"last_heard"`
+	Proto      string    `json:"proto,omitempty"`
 }
 
 // reservationRecord is a reservation as the file keeps it; the key is the key.
@@ -199,7 +200,7 @@ func (s *Bolt) read(tx *bolt.Tx) error {
 		}
 		h := string(k)
 		s.bindings[h] = Binding{Hostname: h, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
-			Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard}
+			Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard, Proto: r.Proto}
 		return nil
 	})
 	if err != nil {
@@ -262,7 +263,7 @@ func (s *Bolt) Bind(_ context.Context, c Claim) (Result, error) {
 		return Result{Binding: old, Outcome: Unchanged}, nil
 	}
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID, SessionID: c.SessionID,
-		Node: c.Node, Generation: s.lastGen + 1, BoundAt: now, LastHeard: now}
+		Node: c.Node, Generation: s.lastGen + 1, BoundAt: now, LastHeard: now, Proto: c.Proto}
 	if err := s.commit(&b, r, reserve); err != nil {
 		return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
@@ -309,7 +310,7 @@ func (s *Bolt) commit(b *Binding, r Reservation, reserve bool) error {
 
 func putRecord(tx *bolt.Tx, b Binding) error {
 	v, err := json.Marshal(boltRecord{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID,
-		Node: b.Node, Generation: b.Generation, BoundAt: b.BoundAt, LastHeard: b.LastHeard})
+		Node: b.Node, Generation: b.Generation, BoundAt: b.BoundAt, LastHeard: b.LastHeard, Proto: b.Proto})
 	if err != nil {
 		return err
 	}

@@ -58,7 +58,7 @@ func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 	m.lastGen++
 	b := Binding{
 		Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
-		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: now,
+		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: now, Proto: c.Proto,
 	}
 	m.bindings[c.Hostname] = b
 	res := Result{Binding: b, Outcome: outcome}

@@ -47,6 +47,9 @@ type Binding struct {
 	// holder counts as live until its freshness window has passed since.
 	// Zero in the other stores.
 	LastHeard time.Time
+	// Proto is what the hostname carries: "" for HTTP, "tls" for TLS
+	// passed through to the agent by SNI. Kept by Memory and Bolt.
+	Proto string
 }
 
 // Claim asks for a hostname on behalf of one session.
@@ -59,6 +62,8 @@ type Claim struct {
 	// Exclusive binds only a hostname nobody holds, live or dead: used for
 	// random names, which must never take anything over.
 	Exclusive bool
+	// Proto is the binding's Proto.
+	Proto string
 	// Reserve, when positive, keeps Hostname for TokenID while it is bound
 	// and for Reserve after its last release (a public TCP port): a claim
 	// of another token is refused with ErrReserved meanwhile.

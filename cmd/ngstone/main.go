@@ -72,6 +72,6 @@ func newRoot() *cobra.Command {
 	}
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.SetFlagErrorFunc(suggestFlag)
-	root.AddCommand(newEdgeCmd(), newHTTPCmd(), newTCPCmd(), newStartCmd(), newConfigCmd(), newVersionCmd(), newHealthcheckCmd())
+	root.AddCommand(newEdgeCmd(), newHTTPCmd(), newTCPCmd(), newTLSCmd(), newStartCmd(), newConfigCmd(), newVersionCmd(), newHealthcheckCmd())
 	return root
 }

@@ -1,8 +1,12 @@
 package main
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
+	"encoding/pem"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -19,15 +23,21 @@ import (
 // tcpForwarding is the line `ngstone tcp` prints once bound.
 var tcpForwarding = regexp.MustCompile(`^Forwarding tcp://[^:/]+:(\d+) -> (\S+)$`)
 
-// TestTCPRealClients runs the built binary's `ngstone tcp` on the CLI's
-// defaults between real programs: ssh to a loopback sshd running a
-// command, and redis-cli pipelining 10,000 commands into redis-server,
-// whose answers come back in order.
+// TestTCPRealClients runs the built binary's `ngstone tcp` and `ngstone
+// tls` on the CLI's defaults between real programs: ssh to a loopback sshd
+// running a command; redis-cli pipelining 10,000 commands into
+// redis-server, whose answers come back in order; and openssl s_client,
+// verifying the certificate of a local TLS service (not the edge's)
+// through the edge's HTTPS port.
 func TestTCPRealClients(t *testing.T) {
-	sshd, redis := tunneltest.Tool(t, "sshd"), tunneltest.Tool(t, "redis-server")
-	ports := freePorts(t, 7)
+	sshd := "/usr/sbin/sshd" // off a user's PATH
+	if _, err := os.Stat(sshd); err != nil {
+		sshd = tunneltest.Tool(t, "sshd")
+	}
+	redis := tunneltest.Tool(t, "redis-server")
+	ports := freePorts(t, 8)
 	data := t.TempDir()
-	startProc(t, nil, edgeArgs(data, ports[:3], "--tcp-ports", ports[3]+","+ports[4])...)
+	startProc(t, nil, edgeArgs(data, ports[:3], "--tcp-ports", ports[3]+","+ports[4], "--https-addr", "127.0.0.1:"+ports[7])...)
 	waitHealthy(t, "127.0.0.1:"+ports[2])
 	agentArgs := []string{"--edge", "127.0.0.1:" + ports[1], "--server-name", "localhost", "--ca-file", filepath.Join(data, "ca.pem")}
 
@@ -68,6 +78,38 @@ func TestTCPRealClients(t *testing.T) {
 			}
 		}
 	})
+	t.Run("tls-openssl", func(t *testing.T) { tlsOpenSSL(t, ports[7], agentArgs) })
+}
+
+// tlsOpenSSL: openssl s_client verifies the local service's own
+// certificate through `ngstone tls`, and talks to it.
+func tlsOpenSSL(t *testing.T, https string, agentArgs []string) {
+	const name = "secure.ngstone.test"
+	openssl := tunneltest.Tool(t, "openssl")
+	cert, _ := tunneltest.SelfSigned(t, name)
+	caFile := filepath.Join(t.TempDir(), "local-ca.pem")
+	write(t, caFile, string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Leaf.Raw})))
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
+		defer tc.Close() // with close_notify
+		tc.SetDeadline(time.Now().Add(20 * time.Second))
+		line, err := bufio.NewReader(tc).ReadString('\n')
+		if err == nil {
+			io.WriteString(tc, "echo: "+line)
+		}
+	})
+	_, port, _ := net.SplitHostPort(local)
+	p := startProc(t, nil, append([]string{"tls", port, "--subdomain", "secure"}, agentArgs...)...)
+	p.waitLine(t, regexp.MustCompile(`^Forwarding tls://secure\.ngstone\.test:\d+ -> `))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, openssl, "s_client", "-connect", "127.0.0.1:"+https, "-servername", name,
+		"-CAfile", caFile, "-verify_return_error", "-verify_hostname", name, "-quiet")
+	cmd.Stdin = strings.NewReader("ping\n")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "echo: ping") {
+		t.Fatalf("openssl s_client through ngstone tls: %v\n%s", err, out)
+	}
 }
 
 // startSSHD runs sshd on loopback port, letting root in with a key of the

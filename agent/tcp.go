@@ -54,14 +54,11 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 		closeWrite(c)
 	}()
 	_, err = io.Copy(flushWriter{w, rc}, local)
-	// The local service is done (or failed): the exchange ends, and what
-	// the visitor may still send has nowhere to go. Its own close is
-	// usually on the way.
-	t0 := time.NewTimer(tcpLinger)
-	defer t0.Stop()
+	// The local service is done (or failed): the exchange ends now, and
+	// what the visitor may still send has nowhere to go.
 	select {
 	case <-up:
-	case <-t0.C:
+	default:
 		endUpload(rc, local, up)
 	}
 	if a.cfg.LogRequests {
@@ -69,20 +66,22 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 	}
 }
 
-// tcpLinger is how long an exchange whose local service has closed waits
-// for the visitor's close.
-const tcpLinger = time.Second
-
-// endUpload stops the upload of a visitor that goes on sending after its
-// local service closed, and the stream with it: a read cut by a deadline
+// endUpload ends the exchange of a visitor whose local service closed
+// while its upload still runs: the upload is cut, the response ended (the
+// last chunk, net/http's server would write it only once the request
+// body is done) and the stream closed, since a read cut by a deadline
 // leaves the server's connection unfit for another exchange.
 func endUpload(rc *http.ResponseController, local net.Conn, up <-chan struct{}) {
 	rc.SetReadDeadline(time.Now())
 	local.Close()
 	<-up
-	if c, _, err := rc.Hijack(); err == nil {
-		c.Close()
+	c, bw, err := rc.Hijack()
+	if err != nil {
+		return
 	}
+	bw.WriteString("0\r\n\r\n")
+	bw.Flush()
+	c.Close()
 }
 
 func ignoreEOF(err error) error {

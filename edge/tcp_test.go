@@ -167,3 +167,23 @@ func TestTCPPortStaysTheTokens(t *testing.T) {
 		t.Fatalf("through the port after the restart: %q, %v", line, err)
 	}
 }
+
+// BenchmarkTCPDownload: 64 MiB from a local service through a TCP
+// tunnel, for profiles (the bench's tcp phase has the figures).
+func BenchmarkTCPDownload(b *testing.B) {
+	const size = 64 << 20
+	local := tunneltest.ServeConns(b, func(c net.Conn) { io.Copy(c, io.LimitReader(tunneltest.Pattern(size), size)) })
+	cfg := tunneltest.EdgeConfig(b)
+	cfg.TCPPorts = tunneltest.FreePorts(b, 1)
+	e := tunneltest.StartEdge(b, cfg)
+	a := tunneltest.StartAgent(b, e.TCPAgentConfig(local, 0))
+	port := tcpPort(b, a.WaitOnline(b))
+	b.SetBytes(size)
+	for b.Loop() {
+		c := dialTCP(b, e, port)
+		if n, err := io.Copy(io.Discard, c); err != nil || n != size {
+			b.Fatalf("%d bytes, %v", n, err)
+		}
+		c.Close()
+	}
+}

@@ -33,7 +33,7 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 	c, err := d.DialContext(r.Context(), "tcp", t.local.Host)
 	if err != nil {
 		req.Status, req.Code = http.StatusBadGateway, mux.CodeUpstreamUnreachable
-		t.log.Info("tcp: the local service refused the connection", "local", t.local.Host, "err", err)
+		t.localFailed(mux.CodeUpstreamUnreachable, err, false)
 		mux.WriteVisitorErrorFor(w, r, mux.CodeUpstreamUnreachable, t.local.Host)
 		return
 	}

@@ -20,8 +20,10 @@ import (
 
 // tcpService is the phase's local service. On each connection it sends one
 // byte at once, then reads a command: 'D' sends size bytes and closes,
-// 'U' reads to the visitor's half-close and answers the count (8 bytes,
-// big-endian); anything else, or nothing, closes.
+// 'U' and a count (8 bytes, big-endian) reads that many bytes and answers
+// the count (frp's tcp proxy passes no half-close on: a count, not the
+// visitor's half-close, ends an upload); anything else, or nothing,
+// closes.
 type tcpService struct {
 	ln   net.Listener
 	size int64
@@ -64,7 +66,11 @@ func (s *tcpService) serve(c net.Conn) {
 	case 'D':
 		io.Copy(c, io.LimitReader(zeros{}, s.size))
 	case 'U':
-		n, _ := io.Copy(io.Discard, c)
+		var want int64
+		if binary.Read(c, binary.BigEndian, &want) != nil {
+			return
+		}
+		n, _ := io.Copy(io.Discard, io.LimitReader(c, want))
 		binary.Write(c, binary.BigEndian, n)
 	}
 }
@@ -109,13 +115,12 @@ func tcpUpload(addr string, size int64) (float64, error) {
 	}
 	defer c.Close()
 	start := time.Now()
-	if _, err := c.Write([]byte{'U'}); err != nil {
+	if _, err := c.Write(binary.BigEndian.AppendUint64([]byte{'U'}, uint64(size))); err != nil {
 		return 0, err
 	}
 	if _, err := io.Copy(c, io.LimitReader(zeros{}, size)); err != nil {
 		return 0, err
 	}
-	c.CloseWrite()
 	var n int64
 	if err := binary.Read(c, binary.BigEndian, &n); err != nil {
 		return 0, err

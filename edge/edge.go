@@ -1,9 +1,11 @@
 // Package edge is ngstone's public server.
 //
 // It accepts agents on a TLS control listener (one yamux session each),
-// binds their hostnames through a registry.Store, and routes each visitor
-// request by its Host to a new yamux stream on the owning session, where
-// exactly one HTTP/1.1 exchange runs.
+// binds their hostnames (and TCP ports) through a registry.Store, and
+// routes each visitor request by its Host to a stream of the owning
+// session's pool, which carries HTTP/1.1 exchanges one after another. A
+// TCP tunnel's connection, or a TLS one passed through by SNI, is one
+// such exchange whose bodies are its two directions (tcp.go).
 //
 // Invariant: the edge never decides ownership itself. It asks the registry,
 // routes only to the session holding a hostname's current generation, and

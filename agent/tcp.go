@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"io"
 	"log/slog"
@@ -39,6 +40,10 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 	}
 	local := &stallConn{Conn: c, timeout: t.cfg.UpstreamTimeout}
 	defer local.Close()
+	// The stream's end (the edge gave up on the visitor, the session
+	// ended) ends the connection to the local service, which may be
+	// silent.
+	defer context.AfterFunc(r.Context(), func() { local.Close() })()
 	req.Status = http.StatusOK
 	w.WriteHeader(http.StatusOK)
 	if rc.Flush() != nil {

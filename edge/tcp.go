@@ -141,7 +141,7 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	}
 	ctx, cancel := context.WithCancel(context.WithValue(ctx, routeKey{}, route{s: s, hostname: key, generation: b.Generation}))
 	defer cancel()
-	vc := newTCPVisitor(c, e.cfg.TCPIdleTimeout, e.cfg.WriteTimeout, e.metrics)
+	vc := newTCPVisitor(c, e.cfg.TCPIdleTimeout, e.cfg.WriteTimeout, e.metrics, cancel)
 	defer vc.stop()
 	up := &tcpUpload{c: vc, done: make(chan struct{})}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://ngstone/", up)
@@ -206,8 +206,9 @@ func (u *tcpUpload) Close() error {
 	return nil
 }
 
-// tcpVisitor is a visitor connection closed once no byte has crossed it
-// either way for idle; each write must make progress within write.
+// tcpVisitor is a visitor connection closed, and its exchange ended
+// (end), once no byte has crossed it either way for idle; each write must
+// make progress within write.
 type tcpVisitor struct {
 	net.Conn
 	write   time.Duration
@@ -216,7 +217,7 @@ type tcpVisitor struct {
 	timer   *time.Timer
 }
 
-func newTCPVisitor(c net.Conn, idle, write time.Duration, m *metrics) *tcpVisitor {
+func newTCPVisitor(c net.Conn, idle, write time.Duration, m *metrics, end func()) *tcpVisitor {
 	v := &tcpVisitor{Conn: c, write: write,
 		in: m.tcpBytes.WithLabelValues("in"), out: m.tcpBytes.WithLabelValues("out")}
 	v.last.Store(time.Now().UnixNano())
@@ -225,6 +226,7 @@ func newTCPVisitor(c net.Conn, idle, write time.Duration, m *metrics) *tcpVisito
 		quiet := time.Since(time.Unix(0, v.last.Load()))
 		if quiet >= idle {
 			c.Close()
+			end()
 			return
 		}
 		v.timer.Reset(idle - quiet)

@@ -17,7 +17,7 @@ import (
 // and flushed at each write, what the local service sends. The end of the
 // request body is the visitor's half-close, passed on to the local
 // service; the local service's close (or half-close) ends the response,
-// and with it the exchange.
+// and with it the exchange. The edge closes the stream after it.
 
 // relayTCP relays one visitor connection of t's to its local service.
 func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
@@ -71,22 +71,13 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 	}
 }
 
-// endUpload ends the exchange of a visitor whose local service closed
-// while its upload still runs: the upload is cut, the response ended (the
-// last chunk, net/http's server would write it only once the request
-// body is done) and the stream closed, since a read cut by a deadline
-// leaves the server's connection unfit for another exchange.
+// endUpload cuts the upload of a visitor whose local service closed while
+// it still sends: the exchange is over (the edge asked for the stream to
+// close after it).
 func endUpload(rc *http.ResponseController, local net.Conn, up <-chan struct{}) {
 	rc.SetReadDeadline(time.Now())
 	local.Close()
 	<-up
-	c, bw, err := rc.Hijack()
-	if err != nil {
-		return
-	}
-	bw.WriteString("0\r\n\r\n")
-	bw.Flush()
-	c.Close()
 }
 
 func ignoreEOF(err error) error {

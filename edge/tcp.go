@@ -25,10 +25,11 @@ import (
 // TCP tunnels. The edge listens on every port of TCPPorts; a port is bound
 // in the registry as mux.TCPKey(port), under the binding rules of every
 // name. Each visitor connection crosses the tunnel as one exchange on a
-// stream of the owning session, on the request path of every exchange
+// stream of the owning session's, on the request path of every exchange
 // (streamTransport): its request body is what the visitor sends, its
 // response body what the local service sends, each chunked and flushed as
-// it comes, so that the end of either body is that side's half-close.
+// it comes, so that the end of either body is that side's half-close. The
+// stream is closed after it (Connection: close).
 
 // Results of a visitor connection: ngstone_tcp_connections_total{result}.
 const (
@@ -145,7 +146,10 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	defer vc.stop()
 	up := &tcpUpload{c: vc, done: make(chan struct{})}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://ngstone/", up)
-	req.Host, req.ContentLength = key, -1
+	// A stream carries one connection: the local service's close may end
+	// the exchange while the visitor still sends, and a stream taken
+	// again could find the agent closing it.
+	req.Host, req.ContentLength, req.Close = key, -1, true
 	req.Header.Set("X-Forwarded-For", ip.Unmap().String())
 	head := time.AfterFunc(e.cfg.TunnelTimeout, cancel) // an agent that never answers
 	resp, err := (&streamTransport{e: e}).RoundTrip(req)

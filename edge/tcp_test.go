@@ -9,6 +9,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -185,5 +186,54 @@ func BenchmarkTCPDownload(b *testing.B) {
 			b.Fatalf("%d bytes, %v", n, err)
 		}
 		c.Close()
+	}
+}
+
+// TestTCPConnectCloseLoop: visitors that connect, read the local
+// service's first byte and close at once, one after another and 64 at a
+// time: each gets its byte (the streams go back to the pool and are taken
+// again, never left carrying the last exchange's end).
+func TestTCPConnectCloseLoop(t *testing.T) {
+	for name, serve := range map[string]func(net.Conn){
+		"service waits":  func(c net.Conn) { c.Write([]byte{'!'}); c.Read(make([]byte, 1)) },
+		"service closes": func(c net.Conn) { c.Write([]byte{'!'}) }, // and races the visitor's close
+	} {
+		t.Run(name, func(t *testing.T) { connectCloseLoop(t, serve) })
+	}
+}
+
+func connectCloseLoop(t *testing.T, serve func(net.Conn)) {
+	local := tunneltest.ServeConns(t, func(c net.Conn) {
+		c.SetDeadline(time.Now().Add(tcpDeadline))
+		serve(c)
+	})
+	e, port := startTCPTunnel(t, 1, local)
+	addr := e.TCPAddr(port).String()
+	for _, conc := range []int{1, 64} {
+		var wg sync.WaitGroup
+		errs := make(chan error, conc)
+		for range conc {
+			wg.Go(func() {
+				for range 2000 / conc {
+					c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+					if err != nil {
+						errs <- err
+						return
+					}
+					c.SetDeadline(time.Now().Add(10 * time.Second))
+					_, err = io.ReadFull(c, make([]byte, 1))
+					c.Close()
+					if err != nil {
+						errs <- fmt.Errorf("first byte: %w", err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("c=%d: %v", conc, err)
+		}
 	}
 }

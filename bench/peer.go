@@ -154,13 +154,19 @@ func (b *bench) startFRP(dir string) (*peer, error) {
 	return p, b.waitPeer(p)
 }
 
-// peerSchemes are what the floors relay: HTTP and HTTPS, and the tcp
-// phase's service.
+// peerSchemes are what the floors relay: the schemes measured (-schemes),
+// and the tcp phase's service.
 func (b *bench) peerSchemes() []string {
-	if b.tcp != nil {
-		return []string{"http", "https", "tcp"}
+	var out []string
+	for _, s := range b.o.schemes {
+		if s == "http" || s == "https" {
+			out = append(out, s)
+		}
 	}
-	return []string{"http", "https"}
+	if b.tcp != nil {
+		out = append(out, "tcp")
+	}
+	return out
 }
 
 func canDial(addr string) bool {

@@ -76,7 +76,7 @@ func TestTCPTunnelHalfClosesBothWays(t *testing.T) {
 		io.Copy(c, tunneltest.Pattern(down))
 	})
 	e, port := startTCPTunnel(t, 2, local)
-	for round := range 3 { // the stream goes back to the pool, and is taken again
+	for round := range 3 { // each on a stream of its own
 		c := dialTCP(t, e, port)
 		banner := make([]byte, 7)
 		if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "banner\n" {
@@ -191,8 +191,8 @@ func BenchmarkTCPDownload(b *testing.B) {
 
 // TestTCPConnectCloseLoop: visitors that connect, read the local
 // service's first byte and close at once, one after another and 64 at a
-// time: each gets its byte (the streams go back to the pool and are taken
-// again, never left carrying the last exchange's end).
+// time: each gets its byte, also when the local service closes as the
+// visitor does (a stream is never taken again while the agent closes it).
 func TestTCPConnectCloseLoop(t *testing.T) {
 	for name, serve := range map[string]func(net.Conn){
 		"service waits":  func(c net.Conn) { c.Write([]byte{'!'}); c.Read(make([]byte, 1)) },

@@ -99,6 +99,11 @@ type Tunnel struct {
 	// Local is the local service: PORT, HOST:PORT or an http(s) URL (a
 	// TCP tunnel's: PORT or HOST:PORT). Required.
 	Local string
+	// ProxyProtocol, for a TCP or TLS tunnel, sends the local service a
+	// PROXY protocol v2 header before the visitor's bytes, with the
+	// visitor's address and the edge's address it connected to. False
+	// sends the bytes alone.
+	ProxyProtocol bool
 	// Subdomain is the name to bind; empty asks the edge for a random one.
 	Subdomain string
 	// Hostname, instead of Subdomain, asks for a whole hostname of the
@@ -353,6 +358,9 @@ func (t Tunnel) validate() error {
 	case "", ProtoHTTP:
 		if t.RemotePort != 0 {
 			return errors.New("remote-port: a TCP tunnel's (ngstone tcp); an HTTP tunnel has --subdomain or --hostname")
+		}
+		if t.ProxyProtocol {
+			return errors.New("proxy-protocol: a TCP or TLS tunnel's; an HTTP one's local service gets X-Forwarded-For")
 		}
 	case ProtoTCP, ProtoTLS:
 		return t.validateRelay()

@@ -7,7 +7,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 
 	"github.com/ngstone/ngstone/mux"
 )
@@ -44,6 +47,13 @@ func (a *Agent) relayTCP(w http.ResponseWriter, r *http.Request, t *tunnel) {
 	// ended) ends the connection to the local service, which may be
 	// silent.
 	defer context.AfterFunc(r.Context(), func() { local.Close() })()
+	if t.cfg.ProxyProtocol {
+		if _, err := proxyHeader(r).WriteTo(local); err != nil {
+			req.Status, req.Code = http.StatusBadGateway, mux.CodeUpstreamUnreachable
+			mux.WriteVisitorErrorFor(w, r, mux.CodeUpstreamUnreachable, t.local.Host)
+			return
+		}
+	}
 	req.Status = http.StatusOK
 	w.WriteHeader(http.StatusOK)
 	if rc.Flush() != nil {
@@ -78,6 +88,18 @@ func endUpload(rc *http.ResponseController, local net.Conn, up <-chan struct{}) 
 	rc.SetReadDeadline(time.Now())
 	local.Close()
 	<-up
+}
+
+// proxyHeader is the PROXY protocol v2 header of r's visitor: its address
+// and the edge's it connected to, as the edge gives them; LOCAL (no
+// addresses) when the edge gave none it could read.
+func proxyHeader(r *http.Request) *proxyproto.Header {
+	src, err1 := netip.ParseAddrPort(r.Header.Get(mux.HeaderTCPSource))
+	dst, err2 := netip.ParseAddrPort(r.Header.Get(mux.HeaderTCPDestination))
+	if err1 != nil || err2 != nil {
+		return &proxyproto.Header{Version: 2, Command: proxyproto.LOCAL}
+	}
+	return proxyproto.HeaderProxyFromAddrs(2, net.TCPAddrFromAddrPort(src), net.TCPAddrFromAddrPort(dst))
 }
 
 func ignoreEOF(err error) error {

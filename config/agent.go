@@ -32,6 +32,7 @@ func NewTCPAgent(fs *pflag.FlagSet) *Agent {
 	}
 	fs.MarkHidden("log-requests")
 	fs.Lookup("remote-port").Hidden = false
+	fs.Lookup("proxy-protocol").Hidden = false
 	return a
 }
 
@@ -46,6 +47,7 @@ func NewTLSAgent(fs *pflag.FlagSet) *Agent {
 		}
 	}
 	fs.MarkHidden("log-requests")
+	fs.Lookup("proxy-protocol").Hidden = false
 	return a
 }
 
@@ -55,6 +57,8 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("edge", "", "edge control address HOST:PORT (default: start an embedded edge for *.localhost)")
 	fs.Int("remote-port", 0, "public TCP port to bind (default: the port the edge keeps for this token and local address, else a free one)")
 	fs.MarkHidden("remote-port") // ngstone tcp's
+	fs.Bool("proxy-protocol", false, "send the local service a PROXY protocol v2 header with the visitor's address before its bytes")
+	fs.MarkHidden("proxy-protocol") // ngstone tcp's and tls's
 	fs.String("subdomain", "", "subdomain to bind (default: a random name chosen by the edge)")
 	fs.String("hostname", "", "a hostname of your own to bind instead (app.example.org, a CNAME to the edge), if the token allows it")
 	fs.StringArray("allow-cidr", nil, "visitor prefix the edge lets reach the tunnel (repeatable, e.g. 192.0.2.0/24; default: everyone)")
@@ -199,7 +203,7 @@ var tunnelKeys = []string{
 	"subdomain", "hostname", "remote-port", "allow-cidr", "deny-cidr",
 	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
 	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
-	"basic-auth", "host-header",
+	"basic-auth", "host-header", "proxy-protocol",
 }
 
 // readTunnel reads into t the tunnel settings l has (has says which).
@@ -243,6 +247,8 @@ func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
 			t.BasicAuth = l.wholeStrings(key)
 		case "host-header":
 			t.HostHeader = l.string(key)
+		case "proxy-protocol":
+			t.ProxyProtocol = e.boolean(l, key)
 		}
 	}
 	return e.err

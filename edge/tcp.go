@@ -151,6 +151,10 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	// again could find the agent closing it.
 	req.Host, req.ContentLength, req.Close = key, -1, true
 	req.Header.Set("X-Forwarded-For", ip.Unmap().String())
+	// For the agent's PROXY protocol header: where the visitor came from,
+	// and what of the edge's it connected to.
+	req.Header.Set(mux.HeaderTCPSource, c.RemoteAddr().String())
+	req.Header.Set(mux.HeaderTCPDestination, c.LocalAddr().String())
 	head := time.AfterFunc(e.cfg.TunnelTimeout, cancel) // an agent that never answers
 	resp, err := (&streamTransport{e: e}).RoundTrip(req)
 	head.Stop()

@@ -1,6 +1,7 @@
 package edge_test
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"errors"
@@ -12,6 +13,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/pires/go-proxyproto"
 
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
@@ -235,5 +238,45 @@ func connectCloseLoop(t *testing.T, serve func(net.Conn)) {
 		for err := range errs {
 			t.Fatalf("c=%d: %v", conc, err)
 		}
+	}
+}
+
+// TestTCPProxyProtocol: with ProxyProtocol the local service reads a PROXY
+// protocol v2 header naming the visitor's address and the edge's port it
+// connected to, then the visitor's bytes.
+func TestTCPProxyProtocol(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pln := &proxyproto.Listener{Listener: ln, Policy: func(net.Addr) (proxyproto.Policy, error) { return proxyproto.REQUIRE, nil }}
+	defer pln.Close()
+	seen := make(chan string, 1)
+	go func() {
+		c, err := pln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(tcpDeadline))
+		line, _ := bufio.NewReader(c).ReadString('\n')
+		seen <- c.RemoteAddr().String() + " " + c.LocalAddr().String() + " " + line
+	}()
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TCPPorts = tunneltest.FreePorts(t, 1)
+	e := tunneltest.StartEdge(t, cfg)
+	ac := e.TCPAgentConfig(ln.Addr().String(), 0)
+	ac.ProxyProtocol = true
+	port := tcpPort(t, tunneltest.StartAgent(t, ac).WaitOnline(t))
+	c := dialTCP(t, e, port)
+	io.WriteString(c, "hello\n")
+	want := c.LocalAddr().String() + " " + e.TCPAddr(port).String() + " hello\n"
+	select {
+	case got := <-seen:
+		if got != want {
+			t.Fatalf("the local service saw %q, want %q", got, want)
+		}
+	case <-time.After(tcpDeadline):
+		t.Fatal("the local service read nothing")
 	}
 }

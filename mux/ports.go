@@ -30,6 +30,15 @@ func ParseTCPKey(key string) (int, bool) {
 	return p, true
 }
 
+// The fields of a TCP tunnel's exchange that say where its visitor came
+// from and what of the edge's it connected to (HOST:PORT each). The edge
+// sets them on the exchanges it makes itself; a visitor's HTTP request
+// never carries them (Ngstone-* fields are dropped).
+const (
+	HeaderTCPSource      = "Ngstone-Tcp-Source"
+	HeaderTCPDestination = "Ngstone-Tcp-Destination"
+)
+
 // ErrInvalidPorts: a port list is not PORT or LO-HI items of 1–65535.
 var ErrInvalidPorts = errors.New("invalid port list")
 

@@ -67,6 +67,13 @@ ngstone start.`,
 		// Someone is watching: show each request, as ngrok's console does.
 		cmd.Flags().Lookup("log-requests").DefValue = "true"
 	}
+	runWith(cmd, loader)
+	return cmd
+}
+
+// runWith makes cmd run the agent of one tunnel that loader loads for the
+// local address given.
+func runWith(cmd *cobra.Command, loader *config.Agent) {
 	cmd.RunE = func(cmd *cobra.Command, args []string) error {
 		cfg, lc, err := loader.Load(args[0])
 		if err != nil {
@@ -74,7 +81,6 @@ ngstone start.`,
 		}
 		return runLoaded(cmd, loader, cfg, lc)
 	}
-	return cmd
 }
 
 // runLoaded runs the agent cfg, which loader loaded, in the view its

@@ -26,12 +26,6 @@ file (see ngstone http --help).`,
 		Args: httpArgs,
 	}
 	loader := config.NewTLSAgent(cmd.Flags())
-	cmd.RunE = func(cmd *cobra.Command, args []string) error {
-		cfg, lc, err := loader.Load(args[0])
-		if err != nil {
-			return withCode(exitUsage, err)
-		}
-		return runLoaded(cmd, loader, cfg, lc)
-	}
+	runWith(cmd, loader)
 	return cmd
 }

@@ -249,7 +249,7 @@ func TestTCPProxyProtocol(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pln := &proxyproto.Listener{Listener: ln, Policy: func(net.Addr) (proxyproto.Policy, error) { return proxyproto.REQUIRE, nil }}
+	pln := &proxyproto.Listener{Listener: ln, ConnPolicy: func(proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) { return proxyproto.REQUIRE, nil }}
 	defer pln.Close()
 	seen := make(chan string, 1)
 	go func() {

@@ -80,12 +80,24 @@ func parseRange(s string) (PortRange, error) {
 	if !isRange {
 		hi = lo
 	}
-	a, errA := strconv.Atoi(lo)
-	b, errB := strconv.Atoi(hi)
-	if errA != nil || errB != nil || a < 1 || b > 65535 || a > b {
+	a, errA := port(lo)
+	b, errB := port(hi)
+	if errA != nil || errB != nil || a > b {
 		return PortRange{}, fmt.Errorf("%w: %q is not PORT or LO-HI with 1 <= LO <= HI <= 65535", ErrInvalidPorts, s)
 	}
 	return PortRange{a, b}, nil
+}
+
+// port reads a port number written with digits alone.
+func port(s string) (int, error) {
+	if s == "" || len(s) > 5 || strings.TrimLeft(s, "0123456789") != "" {
+		return 0, ErrInvalidPorts
+	}
+	p, _ := strconv.Atoi(s)
+	if p < 1 || p > 65535 {
+		return 0, ErrInvalidPorts
+	}
+	return p, nil
 }
 
 // PortsContain reports whether p is in one of rs.

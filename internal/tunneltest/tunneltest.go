@@ -11,10 +11,12 @@ import (
 	"fmt"
 	"log/slog"
 	"math/big"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -315,27 +317,42 @@ func Stacks() string {
 }
 
 // FreePorts returns n loopback TCP ports free at the time of the call,
-// each a range of its own, for an edge's TCPPorts.
+// each a range of its own, for an edge's TCPPorts. They are below the
+// kernel's ephemeral range (32768 and up by default), so that no
+// connection of another test takes one as its source port while an edge
+// restarts on it, below the CLI tests' (20000 and up), and never the same
+// one twice in a process.
 func FreePorts(t testing.TB, n int) []mux.PortRange {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	var out []mux.PortRange
-	var lns []net.Listener
-	defer func() {
-		for _, ln := range lns {
-			ln.Close()
+	for try := 0; len(out) < n; try++ {
+		if try == 10000 {
+			t.Fatalf("no %d free loopback ports from %d to %d", n, portsFrom, portsTo)
 		}
-	}()
-	for range n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		p := portsFrom + mrand.IntN(portsTo-portsFrom)
+		if handedOut[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
 		if err != nil {
-			t.Fatal(err)
+			continue
 		}
-		lns = append(lns, ln)
-		p := ln.Addr().(*net.TCPAddr).Port
+		ln.Close()
+		handedOut[p] = true
 		out = append(out, mux.PortRange{Lo: p, Hi: p})
 	}
 	return out
 }
+
+// The ports FreePorts hands out.
+const portsFrom, portsTo = 10000, 20000
+
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
 
 // TCPAgentConfig is AgentConfig for `ngstone tcp LOCAL`: a TCP tunnel to
 // local, on the public port remote (0: the edge's choice).

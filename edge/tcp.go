@@ -351,12 +351,10 @@ func (p passthrough) Error() string { return "edge: " + string(p) + " is passed 
 // bound for TLS passthrough ends the handshake before any answer, with
 // the passthrough error, so that the connection goes to the agent whole.
 func (e *Edge) passthroughTLS(tc *tls.Config) *tls.Config {
-	if e.cluster != nil {
-		return tc // no passthrough in a cluster yet: no registry read per handshake
-	}
 	next := tc.GetConfigForClient
 	tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		if host, err := NormalizeHost(h.ServerName); err == nil && host != "" {
+		// No passthrough in a cluster yet: no registry read per handshake.
+		if host, err := NormalizeHost(h.ServerName); err == nil && host != "" && e.cluster == nil {
 			if b, ok, err := e.lookup(h.Context(), host); err == nil && ok && b.Proto == mux.ProtoTLS {
 				return nil, passthrough(host)
 			}

@@ -79,7 +79,8 @@ type boltRecord struct {
 	Proto      string    `json:"proto,omitempty"`
 }
 
-// reservationRecord is a reservation as the file keeps it; the key is the key.
+// reservationRecord is a reservation as the file, and etcd, keep it; the
+// key is the key.
 type reservationRecord struct {
 	TokenID string        `json:"token_id,omitempty"`
 	Label   string        `json:"label,omitempty"`

@@ -91,20 +91,25 @@ type Hooks struct {
 //	sessions/NODE/SESSION  present while that session is live; {"token_id",
 //	                       "instance_id"} it presented
 //	nodes/NODE             {"addr": ...}: where other edges forward to
+//	reserved/KEY           the reservation of a key bound with Claim.Reserve:
+//	                       {"token_id", "label", "for" (ns), "until"}, until
+//	                       absent while the key is held (see Reservation)
 //
-// All three are attached to the writing node's lease, so an edge that dies
-// or is cut off from etcd leaves nothing behind after LeaseTTL. A holder is
+// The first three are attached to the writing node's lease, so an edge that
+// dies or is cut off from etcd leaves nothing behind after LeaseTTL; a
+// reservation has no lease, as it must outlive its edge. A holder is
 // live while its session key exists: the edge deletes it when the session
 // ends (so rule 2 applies at once, as on one edge) and the lease removes it
 // when the edge is gone. Each rule is one transaction guarded by the
 // binding's ModRevision, and rule 2 also by the absence of the holder's
-// session key; Release deletes only while the ModRevision is the caller's
+// session key, and a claim with Reserve also by its reservation's
+// ModRevision; Release deletes only while the ModRevision is the caller's
 // generation.
 //
-// A watch on the prefix keeps a route cache (Route, Lookup, NodeAddr) and
-// reports bindings of this node taken over elsewhere (Hooks.TakenOver).
-// The cache is trusted only while etcd has confirmed it current within
-// RouteStaleness (see Route).
+// A watch on the prefix keeps a route cache (Route, Lookup, NodeAddr),
+// which reservations stay out of, and reports bindings of this node taken
+// over elsewhere (Hooks.TakenOver). The cache is trusted only while etcd
+// has confirmed it current within RouteStaleness (see Route).
 type Etcd struct {
 	cfg         EtcdConfig
 	log         *slog.Logger
@@ -121,7 +126,8 @@ type Etcd struct {
 	ready  bool
 	open   map[uint64]struct{} // sessions of this node opened and not closed
 	routes map[string]Binding
-	tombs  map[string]tomb // hostnames deleted, so a late event cannot revive them
+	tombs  map[string]tomb  // hostnames deleted, so a late event cannot revive them
+	now    func() time.Time // the reservations' clock
 	pruned time.Time
 	nodes  map[string]string
 	fresh  freshness
@@ -156,6 +162,7 @@ type record struct {
 	SessionID  uint64    `json:"session_id"`
 	Node       string    `json:"node"`
 	BoundAt    time.Time `json:"bound_at"`
+	Proto      string    `json:"proto,omitempty"` // absent in records from before TLS passthrough: HTTP
 }
 
 type nodeRecord struct {
@@ -186,7 +193,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 	return &Etcd{
 		cfg: cfg, log: log.With("node", cfg.Node),
 		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 10*cfg.CallTimeout), staleness: cfg.RouteStaleness,
-		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{},
+		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{}, now: time.Now,
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
 		rereads: make(chan struct{}, maxRereads),
 		// Edges do not all start on one member.
@@ -258,8 +265,9 @@ func (s *Etcd) Ready() bool {
 	return s.ready
 }
 
-func (s *Etcd) hostKey(h string) string { return s.cfg.Prefix + "hosts/" + h }
-func (s *Etcd) nodeKey(n string) string { return s.cfg.Prefix + "nodes/" + n }
+func (s *Etcd) hostKey(h string) string    { return s.cfg.Prefix + "hosts/" + h }
+func (s *Etcd) nodeKey(n string) string    { return s.cfg.Prefix + "nodes/" + n }
+func (s *Etcd) reserveKey(k string) string { return s.cfg.Prefix + "reserved/" + k }
 func (s *Etcd) sessionPrefix(node string) string {
 	return s.cfg.Prefix + "sessions/" + node + "/"
 }
@@ -367,8 +375,9 @@ func parseSession(key string, val []byte) (Session, bool) {
 	return sess, true
 }
 
-// Bind applies the binding rules, each as one guarded transaction, and
-// retries when another edge wrote the key in between.
+// Bind applies the key's reservation (a claim with Reserve) and then the
+// binding rules, each as one guarded transaction, and retries when another
+// edge wrote the key or its reservation in between.
 func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 	if c.Hostname == "" {
 		return Result{}, fmt.Errorf("registry: bind: empty hostname")
@@ -396,9 +405,20 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 			}
 			cur.ok, cur.rev = true, kv.ModRevision
 		}
+		// Read again each attempt, as the binding is: the transaction
+		// commits only while both are as read.
+		var rr reserveRead
+		if c.Reserve > 0 {
+			if rr, err = s.readReservation(ctx, c.Hostname); err != nil {
+				return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+			}
+			if err := rr.kept().admit(c, s.clock()); err != nil {
+				return Result{}, err
+			}
+		}
 		var res Result
 		var done bool
-		res, done, resp, err = s.tryBind(ctx, c, lease, key, cur)
+		res, done, resp, err = s.tryBind(ctx, c, lease, key, cur, rr)
 		if done || err != nil {
 			return res, err
 		}
@@ -414,17 +434,19 @@ type held struct {
 }
 
 // tryBind decides on the binding read and commits the decision if the key
-// is still as read. done is false when it was not; then next is the key
-// as read back after a transaction whose answer was lost, the read the
-// next attempt starts from (nil: read again). Starting from it also keeps
-// a retried transaction off the member that held the last one: the
-// client's balancer takes members in turn, and a read-back, a read and a
+// (and for a claim with Reserve, its reservation rr) is still as read.
+// done is false when it was not; then next is the key as read back after
+// a transaction whose answer was lost, the read the next attempt starts
+// from (nil: read again). Starting from it also keeps a retried
+// transaction off the member that held the last one: the client's
+// balancer takes members in turn, and a read-back, a read and a
 // transaction would be three turns, which on three members sends every
 // attempt to the same one.
-func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held) (res Result, done bool, next *clientv3.GetResponse, err error) {
+func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held, rr reserveRead) (res Result, done bool, next *clientv3.GetResponse, err error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.rev)}
 	var outcome Outcome
 	var reread []clientv3.Op // what a failed transaction reads back
+	r, reserve := rr.kept().bound(c)
 	switch old := cur.b; {
 	case !cur.ok:
 		outcome = Created
@@ -432,7 +454,10 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 	case c.Exclusive:
 		return Result{}, true, nil, ErrTaken
 	case old.SessionID == c.SessionID && old.Node == c.Node && sameInstance(old, c):
-		return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
+		if !reserve {
+			return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
+		}
+		outcome = Unchanged // the reservation alone is written
 	case sameInstance(old, c):
 		outcome = SameInstance
 	default:
@@ -441,10 +466,27 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 		// Failing, it tells a live holder (rule 3) from a changed key.
 		reread = []clientv3.Op{clientv3.OpGet(key, clientv3.WithKeysOnly())}
 	}
+	var ops []clientv3.Op
+	if c.Reserve > 0 {
+		// The reservation as read too: a key bound and released since the
+		// read is absent again, as read, but reserved for its last token.
+		rkey := s.reserveKey(c.Hostname)
+		cmps = append(cmps, rr.unchanged(rkey))
+		if reserve {
+			ops = append(ops, clientv3.OpPut(rkey, string(encodeReservation(r))))
+		}
+		if reread != nil {
+			reread = append(reread, clientv3.OpGet(rkey, clientv3.WithKeysOnly()))
+		}
+	}
+	if outcome == Unchanged {
+		return s.keepReservation(ctx, c, cur.b, cmps, ops)
+	}
 	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
-		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0)}
-	val, _ := json.Marshal(record{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID, Node: b.Node, BoundAt: b.BoundAt})
-	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, []clientv3.Op{clientv3.OpPut(key, string(val), clientv3.WithLease(lease))}, reread))
+		SessionID: c.SessionID, Node: c.Node, BoundAt: time.Now().UTC().Round(0), Proto: c.Proto}
+	val, _ := json.Marshal(record{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID, Node: b.Node, BoundAt: b.BoundAt, Proto: b.Proto})
+	ops = append(ops, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
+	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, ops, reread))
 	if err != nil && !transient(err) {
 		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
@@ -456,9 +498,9 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 			return Result{}, true, nil, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
 		case holds(resp, val):
 			tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: resp.Kvs[0].ModRevision}}
-		case err == nil && outcome == DeadHolder && keyAt(tr, cur.rev):
-			// The binding was as read, so the holder's session key stood
-			// in the way: it is live (rule 3).
+		case err == nil && outcome == DeadHolder && keyAt(tr, 0, cur.rev) && (c.Reserve <= 0 || keyAt(tr, 1, rr.rev)):
+			// The binding (and reservation) was as read, so the holder's
+			// session key stood in the way: it is live (rule 3).
 			return Result{}, true, nil, ErrTaken
 		default:
 			return Result{}, false, resp, nil
@@ -473,6 +515,21 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 	return res, true, nil, nil
 }
 
+// keepReservation writes the reservation of an unchanged binding, old,
+// that the claim changes (its label, or its clock stopped), guarded by
+// cmps. A write that failed or whose answer was lost is for the next
+// attempt to read: applied, it finds nothing left to write.
+func (s *Etcd) keepReservation(ctx context.Context, c Claim, old Binding, cmps []clientv3.Cmp, ops []clientv3.Op) (Result, bool, *clientv3.GetResponse, error) {
+	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, ops, nil))
+	switch {
+	case err != nil && !transient(err):
+		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+	case err == nil && tr.Succeeded:
+		return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
+	}
+	return Result{}, false, nil, nil
+}
+
 // holds reports whether the key read holds exactly val: a binding record
 // names its session and the instant of its bind, so it is the write that
 // made it.
@@ -480,12 +537,16 @@ func holds(resp *clientv3.GetResponse, val []byte) bool {
 	return len(resp.Kvs) == 1 && string(resp.Kvs[0].Value) == string(val)
 }
 
-// keyAt reports whether the Else branch of tr read the key at rev.
-func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
-	if len(tr.Responses) == 0 || tr.Responses[0].GetResponseRange() == nil {
+// keyAt reports whether the i-th read of the Else branch of tr found its
+// key at rev (rev zero: absent).
+func keyAt(tr *clientv3.TxnResponse, i int, rev int64) bool {
+	if len(tr.Responses) <= i || tr.Responses[i].GetResponseRange() == nil {
 		return false
 	}
-	kvs := tr.Responses[0].GetResponseRange().Kvs
+	kvs := tr.Responses[i].GetResponseRange().Kvs
+	if rev == 0 {
+		return len(kvs) == 0
+	}
 	return len(kvs) == 1 && kvs[0].ModRevision == rev
 }
 
@@ -496,7 +557,8 @@ func keyAt(tr *clientv3.TxnResponse, rev int64) bool {
 // Only after a delete whose answer was lost does a hostname found gone
 // count as released by this call. Releases are off every visitor's path,
 // so a hung member costs them a call timeout, not a hedge; each attempt
-// goes to another member (see spread).
+// goes to another member (see spread). The delete reads the key's
+// reservation too, to start its clock (startReservation).
 func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	if generation > math.MaxInt64 {
 		return false, nil
@@ -521,7 +583,8 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		}
 		cmp := clientv3.Compare(clientv3.ModRevision(key), "=", gen)
 		del := &pb.TxnRequest{Compare: []*pb.Compare{cmp.GetCompare()}, Success: []*pb.RequestOp{
-			{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}}}}
+			{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}},
+			{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.reserveKey(hostname))}}}}}
 		var tr *pb.TxnResponse
 		err = s.once(ctx, func(ctx context.Context) error {
 			return s.onWriter(ctx, m, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
@@ -535,6 +598,7 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 		case err == nil && tr.Succeeded:
 			s.applyLocal(hostname, nil, tr.Header.Revision)
+			s.startReservation(ctx, hostname, tr.Responses[1].GetResponseRange().GetKvs())
 			return true, nil
 		case err != nil:
 			// Applied or not: read, and resend only while it stands.
@@ -576,7 +640,7 @@ func (s *Etcd) decode(hostname string, val []byte, rev int64) (Binding, error) {
 		return Binding{}, fmt.Errorf("registry: binding of %s in etcd is not valid: %w", hostname, err)
 	}
 	return Binding{Hostname: hostname, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
-		Node: r.Node, Generation: uint64(rev), BoundAt: r.BoundAt}, nil
+		Node: r.Node, Generation: uint64(rev), BoundAt: r.BoundAt, Proto: r.Proto}, nil
 }
 
 // routeCounts counts Route's answers, for RouteStats.

@@ -23,6 +23,7 @@ func FuzzEtcdEvent(f *testing.F) {
 	f.Add("hosts/mine.example.com", []byte(`{"node":"n1","session_id":1}`), int64(9), false)
 	f.Add("nodes/n1", []byte(`{"addr":"10.0.0.1:7443"}`), int64(2), false)
 	f.Add("sessions/n1/7", []byte(""), int64(3), true)
+	f.Add("reserved/mine.example.com", []byte(`{"token_id":"t","for":60000000000}`), int64(10), false)
 	f.Add("hosts/", []byte(`null`), int64(-1), false)
 	f.Fuzz(func(t *testing.T, key string, val []byte, rev int64, del bool) {
 		var told []Binding

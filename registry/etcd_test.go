@@ -21,14 +21,17 @@ import (
 // TestEtcd runs the Store contract against the etcd store: the same test
 // bodies as TestMemory.
 func TestEtcd(t *testing.T) {
-	cli := etcdtest.Endpoints(t)
-	testStore(t, func(t *testing.T, l *liveness) registry.Store {
-		h := &etcdNodes{t: t, cli: cli, prefix: etcdtest.Prefix(t), l: l,
-			stores: map[string]*registry.Etcd{}, opened: map[sessionOn]bool{}}
-		l.uncounted = true
-		l.hook = h.setLive
-		return h
-	})
+	testStore(t, func(t *testing.T, l *liveness) registry.Store { return newEtcdNodes(t, l) })
+}
+
+// newEtcdNodes returns a cluster of its own prefix, seen as one Store,
+// whose sessions' liveness follows l.
+func newEtcdNodes(t *testing.T, l *liveness) *etcdNodes {
+	h := &etcdNodes{t: t, cli: etcdtest.Endpoints(t), prefix: etcdtest.Prefix(t), l: l,
+		stores: map[string]*registry.Etcd{}, opened: map[sessionOn]bool{}}
+	l.uncounted = true
+	l.hook = h.setLive
+	return h
 }
 
 // etcdNodes is one cluster seen as one Store: each claim goes through the
@@ -43,6 +46,7 @@ type etcdNodes struct {
 	mu     sync.Mutex
 	stores map[string]*registry.Etcd
 	opened map[sessionOn]bool
+	now    func() time.Time // every node's reservation clock, once set
 }
 
 type sessionOn struct {
@@ -57,8 +61,29 @@ func (h *etcdNodes) node(name string) *registry.Etcd {
 		return s
 	}
 	s := startNode(h.t, h.cli, h.prefix, name, registry.Hooks{})
+	if h.now != nil {
+		s.SetClock(h.now)
+	}
 	h.stores[name] = s
 	return s
+}
+
+// SetClock sets the reservation clock of every node, and of those to come.
+func (h *etcdNodes) SetClock(now func() time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.now = now
+	for _, s := range h.stores {
+		s.SetClock(now)
+	}
+}
+
+func (h *etcdNodes) Reservation(ctx context.Context, key string) (registry.Reservation, bool, error) {
+	return h.node("").Reservation(ctx, key)
+}
+
+func (h *etcdNodes) ReservedFor(ctx context.Context, tokenID, label string) ([]registry.Reservation, error) {
+	return h.node("").ReservedFor(ctx, tokenID, label)
 }
 
 func (h *etcdNodes) Bind(ctx context.Context, c registry.Claim) (registry.Result, error) {

@@ -16,3 +16,10 @@ func (s *Bolt) SetClock(now func() time.Time) {
 	s.now = now
 	s.mu.Unlock()
 }
+
+// SetClock sets the clock of s's reservations (bind times stay real).
+func (s *Etcd) SetClock(now func() time.Time) {
+	s.mu.Lock()
+	s.now = now
+	s.mu.Unlock()
+}

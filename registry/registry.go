@@ -15,7 +15,7 @@
 // A key claimed with Reserve (a public TCP port, "tcp:PORT") is also kept
 // for its token while bound and for Reserve after its release: before the
 // rules, a claim of another token is refused with ErrReserved, so that the
-// token's restarted agent gets its port back (Reserver, in Memory and Bolt).
+// token's restarted agent gets its port back (Reserver, in every store).
 //
 // Memory is the store of an edge that runs alone; it asks the edge whether
 // a holder is live (LivenessFunc). Etcd is the store several edges share:
@@ -48,7 +48,7 @@ type Binding struct {
 	// Zero in the other stores.
 	LastHeard time.Time
 	// Proto is what the hostname carries: "" for HTTP, "tls" for TLS
-	// passed through to the agent by SNI. Kept by Memory and Bolt.
+	// passed through to the agent by SNI.
 	Proto string
 }
 
@@ -128,7 +128,7 @@ type Reservation struct {
 	Until time.Time
 }
 
-// Reserver is a Store that keeps reservations (Memory, Bolt).
+// Reserver is a Store that keeps reservations (Memory, Bolt, Etcd).
 type Reserver interface {
 	// Reservation returns key's reservation while it is in force.
 	Reservation(ctx context.Context, key string) (Reservation, bool, error)

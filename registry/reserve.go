@@ -6,10 +6,11 @@ import (
 	"time"
 )
 
-// Both single-edge stores keep reservations.
+// Every store keeps reservations.
 var (
 	_ Reserver = (*Memory)(nil)
 	_ Reserver = (*Bolt)(nil)
+	_ Reserver = (*Etcd)(nil)
 )
 
 // inForce reports whether r still keeps its key at now: while the key is
@@ -20,7 +21,8 @@ func (r Reservation) inForce(now time.Time) bool {
 
 // reservations holds a single-edge store's reservations by key, under the
 // store's lock. The decisions are made here, the same for Memory and Bolt;
-// each store applies them (Bolt once its transaction is durable). Keyed by
+// each store applies them (Bolt once its transaction is durable). Etcd
+// makes them on the one reservation it read (reserveRead.kept). Keyed by
 // key, they never outnumber the keys ever bound with Reserve: a bind
 // replaces the key's reservation, expired or not.
 type reservations map[string]Reservation

@@ -24,9 +24,11 @@ type reserveStore interface {
 }
 
 // reserveStores makes each store that keeps reservations, its holders'
-// liveness following l.
+// liveness following l (for etcd, its session keys: a holder is dead once
+// its session is closed).
 var reserveStores = map[string]func(t *testing.T, l *liveness) reserveStore{
 	"memory": func(t *testing.T, l *liveness) reserveStore { return registry.NewMemory(l.live) },
+	"etcd":   func(t *testing.T, l *liveness) reserveStore { return newEtcdNodes(t, l) },
 	"bolt": func(t *testing.T, l *liveness) reserveStore {
 		s, err := registry.OpenBolt(filepath.Join(t.TempDir(), "registry.db"), l.live)
 		if err != nil {

@@ -26,9 +26,6 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	case mux.ProtoTCP:
 		return e.bindTCP(ctx, s, m, access)
 	case mux.ProtoTLS:
-		if e.cluster != nil {
-			return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeUnauthorized, Message: "TLS passthrough is for an edge that runs alone, not yet in a cluster"}
-		}
 		opts = &registry.Claim{Proto: mux.ProtoTLS}
 	default:
 		return &mux.BindError{Code: mux.CodeBadRequest, Message: fmt.Sprintf("this edge does not serve %q tunnels: upgrade it", m.Proto)}

@@ -399,6 +399,10 @@ func (e *Edge) clusterHandler() http.Handler {
 			return
 		}
 		host, err := NormalizeHost(r.Host)
+		_, tcp := mux.ParseTCPKey(r.Host)
+		if tcp {
+			host, err = r.Host, nil
+		}
 		gen, gerr := strconv.ParseUint(r.Header.Get(generationHeader), 10, 64)
 		if err != nil || gerr != nil {
 			mux.WriteVisitorErrorFor(w, r, mux.CodeBadHost, r.Host)
@@ -426,7 +430,7 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen}, e.clusterProxy)
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen, relay: tcp || b.Proto == mux.ProtoTLS}, e.clusterProxy)
 	})
 }
 

@@ -238,9 +238,6 @@ func (c Config) Validate() error {
 	if c.ProxyProtocol && len(c.ProxyProtocolFrom) == 0 {
 		return errors.New("proxy-protocol: name the load balancers it comes from with proxy-protocol-from (e.g. 10.0.0.0/8)")
 	}
-	if len(c.TCPPorts) > 0 && c.Cluster != nil {
-		return errors.New("tcp-ports: TCP tunnels are for an edge that runs alone, not yet in a cluster")
-	}
 	if c.TCPPortReserve < 0 {
 		return fmt.Errorf("tcp-port-reserve %s: must not be negative", c.TCPPortReserve)
 	}

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/http/httputil"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +32,9 @@ type route struct {
 	node       string // the owning edge, when s is nil (cluster mode)
 	hostname   string
 	generation uint64
+	// relay: a TCP or TLS passthrough connection, whose idle bound is
+	// the first edge's (TCPIdleTimeout), not ReadTimeout.
+	relay bool
 }
 
 type routeKey struct{}
@@ -156,7 +160,7 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 	// Let bodies stream both ways at once, as the local service may
 	// answer while the visitor is still uploading.
 	http.NewResponseController(w).EnableFullDuplex()
-	vw, r, done := e.visitorTimeouts(w, r)
+	vw, r, done := e.visitorTimeouts(w, r, !rt.relay)
 	defer done()
 	defer func() {
 		p := recover()
@@ -206,6 +210,10 @@ func (e *Edge) newProxy(forwarded bool) http.Handler {
 	}
 }
 
+// forwardedKept are the fields the first edge set, having removed any a
+// visitor sent, that the owner passes on.
+var forwardedKept = slices.Concat(mux.XForwarded, []string{mux.HeaderTCPSource, mux.HeaderTCPDestination})
+
 // rewriteOutbound is the rule for what crosses the edge towards an agent,
 // on every path. The reverse proxy has already dropped the hop-by-hop
 // fields (RFC 9110, 7.6.1), those the Connection field names, and
@@ -225,7 +233,7 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 		}
 	}
 	if forwarded {
-		for _, k := range mux.XForwarded {
+		for _, k := range forwardedKept {
 			if v := in.Header[k]; len(v) > 0 {
 				out.Header[k] = v
 			}
@@ -238,6 +246,9 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 	out.Header.Del("Expect")
 	out.URL.Scheme, out.URL.Host = "http", "ngstone"
 	out.Host = in.Host
+	if rt, _ := in.Context().Value(routeKey{}).(route); rt.relay {
+		out.Close = true // a stream carries one relayed connection (relayConn)
+	}
 	mux.PassTrailers(out, in)
 }
 

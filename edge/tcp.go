@@ -122,7 +122,8 @@ func (e *Edge) TCPAddr(p int) net.Addr {
 }
 
 // relayConn relays visitor connection c to the agent holding key (a TCP
-// port's, or a TLS passthrough's name), and says how it went.
+// port's, or a TLS passthrough's name), through this edge's session or
+// the owning edge's, and says how it went.
 func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	b, ok, err := e.lookup(ctx, key)
 	switch {
@@ -131,20 +132,23 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	case !ok:
 		return tcpNoTunnel
 	}
-	s := e.session(b.SessionID)
-	if s == nil || !s.live(time.Now()) {
-		return tcpOffline
-	}
 	ip, _ := netip.ParseAddr(hostOf(c.RemoteAddr().String()))
-	if !s.allows(key, ip) {
-		e.metrics.limited(limitIPDenied)
-		return tcpIPDenied
+	rt := route{node: b.Node, hostname: key, generation: b.Generation, relay: true}
+	if e.local(b) {
+		rt.s = e.session(b.SessionID)
+		if rt.s == nil || !rt.s.live(time.Now()) {
+			return tcpOffline
+		}
+		if !rt.s.allows(key, ip) {
+			e.metrics.limited(limitIPDenied)
+			return tcpIPDenied
+		}
 	}
-	ctx, cancel := context.WithCancel(context.WithValue(ctx, routeKey{}, route{s: s, hostname: key, generation: b.Generation}))
+	ctx, cancel := context.WithCancel(context.WithValue(ctx, routeKey{}, rt))
 	defer cancel()
 	vc := newTCPVisitor(c, e.cfg.TCPIdleTimeout, e.cfg.WriteTimeout, e.metrics, cancel)
 	defer vc.stop()
-	up := &tcpUpload{c: vc, done: make(chan struct{})}
+	up := &tcpUpload{c: vc, forwarded: rt.s == nil, done: make(chan struct{})}
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://ngstone/", up)
 	// A stream carries one connection: the local service's close may end
 	// the exchange while the visitor still sends, and a stream taken
@@ -156,19 +160,23 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	req.Header.Set(mux.HeaderTCPSource, c.RemoteAddr().String())
 	req.Header.Set(mux.HeaderTCPDestination, c.LocalAddr().String())
 	head := time.AfterFunc(e.cfg.TunnelTimeout, cancel) // an agent that never answers
-	resp, err := (&streamTransport{e: e}).RoundTrip(req)
+	resp, err := (&routeTransport{e: e, local: &streamTransport{e: e}}).RoundTrip(req)
 	head.Stop()
 	switch {
 	case errors.Is(err, errTooManyStreams):
 		e.metrics.limited(limitSessionStreams)
 		return tcpLimited
+	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
+		return tcpOffline
+	case errors.Is(err, errNotBound):
+		return tcpNoTunnel
 	case err != nil:
 		e.log.Debug("tcp tunnel failed", "key", key, "err", err)
 		return tcpFailed
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return tcpUnreachable
+		return refusedBy(resp)
 	}
 	if _, err := io.Copy(vc, resp.Body); err != nil {
 		return tcpRelayed // either side went away: the connection is over
@@ -181,6 +189,19 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	case <-t.C:
 	}
 	return tcpRelayed
+}
+
+// refusedBy says why the agent, or the owning edge, refused a relay.
+func refusedBy(resp *http.Response) string {
+	switch resp.Header.Get(mux.ErrorHeader) {
+	case mux.CodeIPDenied:
+		return tcpIPDenied
+	case mux.CodeTunnelOffline, mux.CodeMisdirected:
+		return tcpOffline
+	case mux.CodeTooManyRequests:
+		return tcpLimited
+	}
+	return tcpUnreachable
 }
 
 // closeWrite half-closes c (beneath the limit's wrapper), or closes it.
@@ -200,14 +221,23 @@ func closeWrite(c net.Conn) {
 }
 
 // tcpUpload is a visitor's bytes as a request body; done is closed once
-// the transport is through with it.
+// the transport is through with it, or for a forwarded one (whose body
+// the transport does not close, see unreadBody) once the visitor's side
+// ended.
 type tcpUpload struct {
-	c    *tcpVisitor
-	once sync.Once
-	done chan struct{}
+	c         *tcpVisitor
+	forwarded bool
+	once      sync.Once
+	done      chan struct{}
 }
 
-func (u *tcpUpload) Read(p []byte) (int, error) { return u.c.Read(p) }
+func (u *tcpUpload) Read(p []byte) (int, error) {
+	n, err := u.c.Read(p)
+	if err != nil && u.forwarded {
+		u.Close()
+	}
+	return n, err
+}
 
 func (u *tcpUpload) Close() error {
 	u.once.Do(func() { close(u.done) })
@@ -305,8 +335,24 @@ func (e *Edge) bindAnyPort(ctx context.Context, s *session, m *mux.Bind, access 
 			}
 		}
 	}
-	ports := e.freePorts(ctx, s.policy)
-	for _, p := range ports[:min(len(ports), freePortTries)] {
+	free, err := e.freePorts(ctx, s.policy)
+	if err != nil {
+		s.log.Error("bind failed: listing the TCP ports in use", "err", err)
+		return &mux.BindError{Code: mux.CodeUnavailable, Message: "the edge could not read which TCP ports are in use; retrying"}
+	}
+	r, _ := e.store.(registry.Reserver)
+	tries := 0
+	for _, p := range free {
+		if tries == freePortTries {
+			break
+		}
+		if r != nil {
+			// Read only for the ports tried: the claim checks it again.
+			if _, kept, err := r.Reservation(ctx, mux.TCPKey(p)); err != nil || kept {
+				continue
+			}
+		}
+		tries++
 		reply := e.claim(ctx, s, mux.TCPKey(p), false, true, access, e.tcpClaim(m))
 		if be, ok := reply.(*mux.BindError); ok && be.Code == mux.CodeSubdomainTaken {
 			continue
@@ -316,29 +362,27 @@ func (e *Edge) bindAnyPort(ctx context.Context, s *session, m *mux.Bind, access 
 	return &mux.BindError{Code: mux.CodeSubdomainTaken, Message: "the edge has no free TCP port this token may hold; stop a TCP tunnel of this token, or ask its operator for more --tcp-ports"}
 }
 
-// freePorts returns the ports of the edge that policy allows, unbound and
-// kept for no token, in random order.
-func (e *Edge) freePorts(ctx context.Context, policy *TokenPolicy) []int {
-	r, _ := e.store.(registry.Reserver)
+// freePorts returns the ports of the edge that policy allows and that no
+// binding holds, in random order: one read of the registry.
+func (e *Edge) freePorts(ctx context.Context, policy *TokenPolicy) ([]int, error) {
+	bound, err := e.store.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	held := make(map[string]bool, len(bound))
+	for _, b := range bound {
+		held[b.Hostname] = true
+	}
 	var out []int
 	for _, pr := range e.cfg.TCPPorts {
 		for p := pr.Lo; p <= pr.Hi; p++ {
-			if !policy.allowsPort(p) {
-				continue
+			if policy.allowsPort(p) && !held[mux.TCPKey(p)] {
+				out = append(out, p)
 			}
-			if _, held, err := e.store.Get(ctx, mux.TCPKey(p)); err != nil || held {
-				continue
-			}
-			if r != nil {
-				if _, kept, err := r.Reservation(ctx, mux.TCPKey(p)); err != nil || kept {
-					continue
-				}
-			}
-			out = append(out, p)
 		}
 	}
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
-	return out
+	return out, nil
 }
 
 // passthrough is the handshake's error for a ClientHello whose name is
@@ -353,8 +397,7 @@ func (p passthrough) Error() string { return "edge: " + string(p) + " is passed 
 func (e *Edge) passthroughTLS(tc *tls.Config) *tls.Config {
 	next := tc.GetConfigForClient
 	tc.GetConfigForClient = func(h *tls.ClientHelloInfo) (*tls.Config, error) {
-		// No passthrough in a cluster yet: no registry read per handshake.
-		if host, err := NormalizeHost(h.ServerName); err == nil && host != "" && e.cluster == nil {
+		if host, err := NormalizeHost(h.ServerName); err == nil && host != "" {
 			if b, ok, err := e.lookup(h.Context(), host); err == nil && ok && b.Proto == mux.ProtoTLS {
 				return nil, passthrough(host)
 			}

@@ -201,23 +201,30 @@ func TestTCPConnectCloseLoop(t *testing.T) {
 		"service waits":  func(c net.Conn) { c.Write([]byte{'!'}); c.Read(make([]byte, 1)) },
 		"service closes": func(c net.Conn) { c.Write([]byte{'!'}) }, // and races the visitor's close
 	} {
-		t.Run(name, func(t *testing.T) { connectCloseLoop(t, serve) })
+		t.Run(name, func(t *testing.T) {
+			connectCloseLoop(t, 2000, serve, func(local string) string {
+				e, port := startTCPTunnel(t, 1, local)
+				return e.TCPAddr(port).String()
+			})
+		})
 	}
 }
 
-func connectCloseLoop(t *testing.T, serve func(net.Conn)) {
+// connectCloseLoop runs n connections one after another, then n 64 at a
+// time, to the address that tunnel returns, of a TCP tunnel to a local
+// service that serves each connection so.
+func connectCloseLoop(t *testing.T, n int, serve func(net.Conn), tunnel func(local string) string) {
 	local := tunneltest.ServeConns(t, func(c net.Conn) {
 		c.SetDeadline(time.Now().Add(tcpDeadline))
 		serve(c)
 	})
-	e, port := startTCPTunnel(t, 1, local)
-	addr := e.TCPAddr(port).String()
+	addr := tunnel(local)
 	for _, conc := range []int{1, 64} {
 		var wg sync.WaitGroup
 		errs := make(chan error, conc)
 		for range conc {
 			wg.Go(func() {
-				for range 2000 / conc {
+				for range n / conc {
 					c, err := net.DialTimeout("tcp", addr, 5*time.Second)
 					if err != nil {
 						errs <- err

@@ -28,15 +28,15 @@ import (
 // handler calls done when it returns: the request body may still be read
 // after that (the stream's writer goroutine sends what it has left when
 // the agent answered early), but the response writer is the server's no
-// more.
-func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request) (_ *visitorWriter, _ *http.Request, done func()) {
+// more. read false leaves the body's reads unbounded (a relayed connection).
+func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request, read bool) (_ *visitorWriter, _ *http.Request, done func()) {
 	rc := http.NewResponseController(w)
 	vw := &visitorWriter{ResponseWriter: w, rc: rc, timeout: e.cfg.WriteTimeout, m: e.metrics}
 	if r.ProtoMajor == 1 {
 		vw.tls, _ = r.Context().Value(connKey{}).(*tls.Conn)
 	}
 	vw.extend()
-	if e.cfg.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+	if read && e.cfg.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
 		b := &visitorBody{ReadCloser: r.Body, rc: rc, timeout: e.cfg.ReadTimeout, m: e.metrics}
 		r.Body = b
 		return vw, r, b.handlerDone

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngstone/ngstone/internal/etcdtest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 )
 
@@ -173,5 +174,62 @@ func waitListening(t *testing.T, addr string) {
 			t.Fatalf("nothing listens on %s: %v", addr, err)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestTCPClusterProcesses: two `ngstone edge` processes on one etcd, on
+// hosts of their own and the same --tcp-ports. redis-cli on edge b
+// pipelines into the redis-server behind an `ngstone tcp` on edge a; the
+// agent killed and started again on edge b prints the same port, which
+// edge a then relays to it.
+func TestTCPClusterProcesses(t *testing.T) {
+	redis := tunneltest.Tool(t, "redis-server")
+	cli := tunneltest.Tool(t, "redis-cli")
+	endpoints := strings.Join(etcdtest.Endpoints(t), ",")
+	prefix := etcdtest.Prefix(t)
+	data := t.TempDir()
+	ports := freePorts(t, 11)
+	tcp, local := ports[9], ports[10]
+	start := func(host string, p []string) {
+		startProc(t, nil, edgeArgs(data, p, "--http-addr", host+":"+p[0], "--tcp-ports", tcp,
+			"--cluster-etcd", endpoints, "--cluster-prefix", prefix, "--node-name", host,
+			"--cluster-addr", "127.0.0.1:"+p[3], "--cluster-key", strings.Repeat("k", 40))...)
+		waitHealthy(t, "127.0.0.1:"+p[2])
+	}
+	start("127.0.0.2", ports[0:4])
+	start("127.0.0.3", ports[4:8])
+	startRedis(t, redis, local)
+	agentOn := func(control string) (*proc, string) {
+		p := startProc(t, nil, "tcp", local, "--edge", "127.0.0.1:"+control, "--server-name", "localhost", "--ca-file", filepath.Join(data, "ca.pem"))
+		return p, p.waitLine(t, tcpForwarding)[1]
+	}
+	ag, public := agentOn(ports[1])
+	if public != tcp {
+		t.Fatalf("the agent got port %s, want the edge's one port %s", public, tcp)
+	}
+	ping := func(host string) string {
+		out, _ := exec.Command(cli, "-h", host, "-p", tcp, "PING").Output()
+		return strings.TrimSpace(string(out))
+	}
+	waitFor(t, 5*time.Second, "edge b to route the port to edge a", func() bool { return ping("127.0.0.3") == "PONG" })
+	var cmds strings.Builder
+	for i := range 10000 {
+		fmt.Fprintf(&cmds, "RPUSH order %d\r\n", i)
+	}
+	pipe := exec.Command(cli, "-h", "127.0.0.3", "-p", tcp, "--pipe")
+	pipe.Stdin = strings.NewReader(cmds.String())
+	if out, err := pipe.CombinedOutput(); err != nil || !strings.Contains(string(out), "errors: 0, replies: 10000") {
+		t.Fatalf("redis-cli --pipe through edge b: %v\n%s", err, out)
+	}
+
+	ag.cmd.Process.Kill()
+	_, public = agentOn(ports[5])
+	if public != tcp {
+		t.Fatalf("the agent started again on edge b got port %s, want %s", public, tcp)
+	}
+	waitFor(t, 5*time.Second, "edge a to route the port to edge b", func() bool { return ping("127.0.0.2") == "PONG" })
+	out, err := exec.Command(cli, "-h", "127.0.0.2", "-p", tcp, "LLEN", "order").Output()
+	if err != nil || strings.TrimSpace(string(out)) != "10000" {
+		t.Fatalf("LLEN through edge a: %q, %v", out, err)
 	}
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bufio"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -327,5 +330,75 @@ func TestStartConsole(t *testing.T) {
 	})
 	if dead, code := pane.exit(t); dead {
 		t.Fatalf("the agent exited (%d) with shop left", code)
+	}
+}
+
+// TestStartAllTCPAndTLS: `ngstone start --all` with an HTTP, a TCP
+// (`proto: tcp`, `remote_port:`) and a TLS passthrough (`proto: tls`)
+// tunnel in the tunnels file: each serves its own local service through
+// the edge, and the local API lists them as ngrok's agent does.
+func TestStartAllTCPAndTLS(t *testing.T) {
+	data := t.TempDir()
+	ports := freePorts(t, 6)
+	edgeHTTP, https, tcp, inspect := "127.0.0.1:"+ports[0], ports[3], ports[4], "127.0.0.1:"+ports[5]
+	startProc(t, nil, edgeArgs(data, ports[:3], "--https-addr", "127.0.0.1:"+https, "--tcp-ports", tcp)...)
+	waitHealthy(t, "127.0.0.1:"+ports[2])
+	_, web := backend(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "web") })
+	shell := tunneltest.ServeConns(t, func(c net.Conn) { io.WriteString(c, "shell\n") })
+	cert, roots := tunneltest.SelfSigned(t, "secure.ngstone.test")
+	secure := tunneltest.ServeConns(t, func(c net.Conn) {
+		tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
+		tc.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(tc, "secure\n")
+	})
+	file := filepath.Join(t.TempDir(), "ngstone.yml")
+	write(t, file, fmt.Sprintf("edge: 127.0.0.1:%s\nca-file: %s\nserver-name: localhost\ntunnels:\n"+
+		"  web:\n    addr: %s\n    subdomain: web\n"+
+		"  shell:\n    proto: tcp\n    addr: %s\n    remote_port: %s\n"+
+		"  secure:\n    proto: tls\n    addr: %s\n    subdomain: secure\n",
+		ports[1], filepath.Join(data, "ca.pem"), web, shell, tcp, secure))
+	startProc(t, []string{"XDG_CACHE_HOME=" + t.TempDir()}, "start", "--all", "--config", file, "--inspect-addr", inspect)
+
+	tunneltest.Eventually(t, 20*time.Second, "the HTTP tunnel serving", func() bool { return serves(t, edgeHTTP, "web", "web") })
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+tcp, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if got, err := io.ReadAll(c); err != nil || string(got) != "shell\n" {
+		t.Fatalf("through port %s: %q, %v", tcp, got, err)
+	}
+	c.Close()
+	tc, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", "127.0.0.1:"+https, &tls.Config{ServerName: "secure.ngstone.test", RootCAs: roots})
+	if err != nil {
+		t.Fatalf("TLS through the edge, verifying the local service's certificate: %v", err)
+	}
+	tc.SetDeadline(time.Now().Add(10 * time.Second))
+	if line, err := bufio.NewReader(tc).ReadString('\n'); err != nil || line != "secure\n" {
+		t.Fatalf("through the TLS tunnel: %q, %v", line, err)
+	}
+	tc.Close()
+
+	var list struct {
+		Tunnels []struct {
+			Name      string `json:"name"`
+			Proto     string `json:"proto"`
+			PublicURL string `json:"public_url"`
+		} `json:"tunnels"`
+	}
+	resp, err := http.Get("http://" + inspect + "/api/tunnels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&list)
+	resp.Body.Close()
+	var listed []string
+	for _, tn := range list.Tunnels {
+		listed = append(listed, tn.Name+" "+tn.Proto+" "+tn.PublicURL)
+	}
+	for _, want := range []string{"web (http) http http://web.ngstone.test:" + ports[0], "shell tcp tcp://ngstone.test:" + tcp, "secure tls tls://secure.ngstone.test:" + https} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("/api/tunnels lists %q, without %q", listed, want)
+		}
 	}
 }

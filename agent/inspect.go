@@ -26,7 +26,10 @@ import (
 // as they went to the local service and came back, and serves them on a
 // local web page and JSON API, as ngrok's at 127.0.0.1:4040 does: what a
 // webhook sent, and what the local service answered. A request whose body
-// was kept whole can be replayed to the local service.
+// was kept whole can be replayed to the local service. A TCP or TLS
+// tunnel's connections are listed among them from when they open, with
+// their bytes counted as they cross and none kept; they are never
+// replayed.
 
 const (
 	// inspectKeep is how many exchanges the inspector keeps.
@@ -67,6 +70,28 @@ type Capture struct {
 	Upgrade  string  `json:"upgrade,omitempty"`
 	Request  Message `json:"request"`
 	Response Message `json:"response"`
+	// Conn is set for a TCP or TLS tunnel's connection (Method TCP or
+	// TLS), listed from when it opens: Duration is how long it has been
+	// open so far, and Request and Response are empty.
+	Conn *Conn `json:"conn,omitempty"`
+
+	live *connMeter // a connection's, read when listed
+}
+
+// Conn is a TCP or TLS tunnel's connection as the inspector shows it.
+type Conn struct {
+	Proto     string `json:"proto"`      // tcp, or tls (passed through by SNI)
+	PublicURL string `json:"public_url"` // the tunnel's when the connection came
+	Visitor   string `json:"visitor"`    // the visitor's HOST:PORT, as the edge saw it
+	// BytesIn and BytesOut count what came from the visitor and what went
+	// to it so far.
+	BytesIn  int64 `json:"bytes_in"`
+	BytesOut int64 `json:"bytes_out"`
+	Open     bool  `json:"open"`
+	// End is how a closed connection ended, by the side that ended first:
+	// visitor_closed, local_closed, or local_unreachable (the agent
+	// could not connect to the local service).
+	End string `json:"end,omitempty"`
 }
 
 // Message is one side of an exchange, as it crossed the agent: the head
@@ -279,10 +304,23 @@ func (in *Inspector) get(id uint64) (Capture, bool) {
 	return Capture{}, false
 }
 
-// filled returns c with its heads written.
+// filled returns c with its heads written, or a connection as it stands.
 func (c Capture) filled() Capture {
+	if c.live != nil {
+		conn, took := c.live.conn(c.Start)
+		c.Conn, c.Duration = &conn, took
+		return c
+	}
 	c.Request, c.Response = c.Request.filled(), c.Response.filled()
 	return c
+}
+
+// addConn lists a connection of t's from r's visitor, which m counts,
+// at once: it shows open until the relay closes m. It takes a place in
+// the list as an exchange does, and holds only m while it stays open.
+func (in *Inspector) addConn(t *tunnel, r *http.Request, start time.Time, m *connMeter) {
+	m.info = Conn{Proto: t.cfg.Proto, PublicURL: t.publicURL(), Visitor: r.Header.Get(mux.HeaderTCPSource)}
+	in.add(Capture{Start: start, Method: strings.ToUpper(t.cfg.Proto), Tunnel: t.name, live: m})
 }
 
 // record keeps the exchange x ran for r, the request from the edge for
@@ -334,11 +372,12 @@ func localGRPCStatus(resp *http.Response) string {
 //go:embed inspect.html
 var inspectPage []byte
 
-// Handler serves the page and its API: GET /api/requests (newest first),
-// GET /api/requests/{id}, GET /api/requests/{id}/{request|response}/body
-// (the kept bytes, as a download), POST /api/requests/{id}/replay (with an
-// optional JSON body {"head": ..., "body": base64} to send an edited
-// request instead), and the local API of the agent's tunnels in ngrok's
+// Handler serves the page and its API: GET /api/requests (newest first,
+// TCP and TLS connections among the exchanges), GET /api/requests/{id},
+// GET /api/requests/{id}/{request|response}/body (the kept bytes, as a
+// download), POST /api/requests/{id}/replay (with an optional JSON body
+// {"head": ..., "body": base64} to send an edited request instead; 409
+// for a connection), and the local API of the agent's tunnels in ngrok's
 // shape: GET /api/tunnels, GET /api/tunnels/{name}.
 func (in *Inspector) Handler() http.Handler {
 	m := http.NewServeMux()
@@ -472,6 +511,9 @@ var (
 	// errNoTunnel refuses to replay an exchange that came for none of
 	// the agent's tunnels: there is no local service to send it to.
 	errNoTunnel = errors.New("the exchange came for none of this agent's tunnels")
+	// errConn refuses to replay a TCP or TLS connection: none of its
+	// bytes are kept, and a connection is not a request to send again.
+	errConn = errors.New("a TCP or TLS connection cannot be replayed: its bytes are relayed, not kept; only HTTP requests can")
 )
 
 func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
@@ -491,7 +533,7 @@ func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel):
+	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel), errors.Is(err, errConn):
 		status = http.StatusConflict
 	case errors.Is(err, errBadEdit):
 		status = http.StatusBadRequest
@@ -545,6 +587,9 @@ func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bo
 // replay sends c's request again to the local service, keeps the exchange
 // as a new capture and logs it (edited: c's request is not the one kept).
 func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64, error) {
+	if c.Conn != nil {
+		return 0, errConn
+	}
 	if c.Request.Truncated || c.Request.Head == "" {
 		return 0, errNotWhole
 	}

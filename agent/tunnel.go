@@ -105,6 +105,13 @@ func (t *tunnel) final() bool {
 	return t.st.State == TunnelRefused || t.st.State == TunnelEvicted
 }
 
+// publicURL is t's first public URL; empty while it holds no name.
+func (t *tunnel) publicURL() string {
+	t.a.mu.Lock()
+	defer t.a.mu.Unlock()
+	return t.st.URL
+}
+
 // tunnelNamed returns the tunnel of that name; with one tunnel, it (the
 // captures of an agent of one tunnel all came for it).
 func (a *Agent) tunnelNamed(name string) *tunnel {

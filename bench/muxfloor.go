@@ -82,6 +82,18 @@ func muxEdge(ctx context.Context, vl, tl net.Listener) error {
 			if err != nil {
 				return
 			}
+			// Only a connection that completes its handshake is the agent:
+			// the bench's readiness probe connects and closes, and may be
+			// handed over after the agent's connection.
+			if tc, ok := c.(*tls.Conn); ok {
+				tc.SetDeadline(time.Now().Add(5 * time.Second))
+				err := tc.Handshake()
+				tc.SetDeadline(time.Time{})
+				if err != nil {
+					c.Close()
+					continue
+				}
+			}
 			s, err := yamux.Server(mux.Coalesce(c), yc)
 			if err != nil {
 				c.Close()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -115,6 +117,12 @@ type Tunnel struct {
 	// in a DenyCIDR prefix, or outside every AllowCIDR prefix when there are
 	// any, gets 403 ip_denied from the edge. Empty lets everyone in.
 	AllowCIDR, DenyCIDR []string
+	// VerifyWebhook has the edge check each request's signature before it
+	// crosses the tunnel: "github", "stripe", "slack", or "hmac" (of the
+	// body, in the field VerifyWebhookHeader), made with
+	// VerifyWebhookSecret; a request that fails gets 403
+	// webhook_unverified. Empty checks nothing.
+	VerifyWebhook, VerifyWebhookSecret, VerifyWebhookHeader string
 	// RequestHeaderAdd ("Name: value") and RequestHeaderRemove (names) are
 	// applied to each request before it goes to the local service,
 	// ResponseHeaderAdd and ResponseHeaderRemove to each response before it
@@ -390,6 +398,9 @@ func (t Tunnel) validate() error {
 	if err := t.validatePrefixes(); err != nil {
 		return err
 	}
+	if err := t.validateWebhook(); err != nil {
+		return err
+	}
 	if _, err := parseHeaderRules(t); err != nil {
 		return err
 	}
@@ -428,6 +439,8 @@ func (t Tunnel) validateRelay() error {
 		return fmt.Errorf("basic-auth, host-header and the header rules are HTTP's: a %s tunnel relays bytes as they are", what)
 	case t.UpstreamCAFile != "" || t.UpstreamInsecure || t.UpstreamProtocol == ProtocolHTTP2:
 		return fmt.Errorf("upstream-ca-file, upstream-insecure and upstream-protocol are HTTP's: a %s tunnel relays bytes as they are", what)
+	case t.VerifyWebhook != "" || t.VerifyWebhookSecret != "" || t.VerifyWebhookHeader != "":
+		return fmt.Errorf("verify-webhook is HTTP's: a %s tunnel relays bytes as they are", what)
 	}
 	if err := t.validateName(); err != nil {
 		return err
@@ -449,6 +462,27 @@ func (t Tunnel) validateName() error {
 		if err := mux.ValidateHostname(strings.TrimSuffix(strings.ToLower(t.Hostname), ".")); err != nil {
 			return fmt.Errorf("hostname: %v (want a name such as app.example.org)", err)
 		}
+	}
+	return nil
+}
+
+// validateWebhook checks the tunnel's webhook verification, if any.
+func (t Tunnel) validateWebhook() error {
+	switch {
+	case t.VerifyWebhook == "":
+		if t.VerifyWebhookSecret != "" || t.VerifyWebhookHeader != "" {
+			return errors.New("verify-webhook-secret-file, verify-webhook-header: give --verify-webhook PROVIDER too")
+		}
+	case !slices.Contains(mux.WebhookProviders, t.VerifyWebhook):
+		return fmt.Errorf("verify-webhook %q: want one of %s", t.VerifyWebhook, strings.Join(mux.WebhookProviders, ", "))
+	case strings.TrimSpace(t.VerifyWebhookSecret) == "":
+		return errors.New("verify-webhook: give the secret the sender signs with, in --verify-webhook-secret-file")
+	case len(t.VerifyWebhookSecret) > 4<<10:
+		return errors.New("verify-webhook-secret-file: the secret is over 4 KiB")
+	case t.VerifyWebhook == "hmac" && !httpguts.ValidHeaderFieldName(t.VerifyWebhookHeader):
+		return fmt.Errorf("verify-webhook-header %q: --verify-webhook hmac needs the name of the field that carries the signature", t.VerifyWebhookHeader)
+	case t.VerifyWebhook != "hmac" && t.VerifyWebhookHeader != "":
+		return fmt.Errorf("verify-webhook-header: only for --verify-webhook hmac; %s's field is fixed", t.VerifyWebhook)
 	}
 	return nil
 }

@@ -403,6 +403,9 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 			continue
 		}
 		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
+		if t.cfg.VerifyWebhook != "" {
+			bind.Webhook = &mux.Webhook{Provider: t.cfg.VerifyWebhook, Secret: t.cfg.VerifyWebhookSecret, Header: t.cfg.VerifyWebhookHeader}
+		}
 		switch {
 		case t.cfg.isTCP():
 			bind.Subdomain, bind.Proto, bind.Port, bind.Label = "", mux.ProtoTCP, port, t.cfg.label()
@@ -572,6 +575,9 @@ func (a *Agent) needs() map[string]string {
 		}
 		if len(t.cfg.AllowCIDR)+len(t.cfg.DenyCIDR) > 0 {
 			need[mux.FeatureVisitorCIDR] = "--allow-cidr and --deny-cidr"
+		}
+		if t.cfg.VerifyWebhook != "" {
+			need[mux.FeatureWebhook] = "--verify-webhook"
 		}
 		switch t.cfg.Proto {
 		case ProtoTCP:

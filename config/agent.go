@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -20,7 +21,7 @@ type Agent struct {
 // httpOnly are the agent's flags that only an HTTP tunnel has.
 var httpOnly = []string{"subdomain", "hostname", "request-header-add", "request-header-remove",
 	"response-header-add", "response-header-remove", "upstream-ca-file", "upstream-insecure",
-	"upstream-protocol", "host-header", "basic-auth"}
+	"upstream-protocol", "host-header", "basic-auth", "verify-webhook", "verify-webhook-secret-file", "verify-webhook-header"}
 
 // NewTCPAgent registers the flags of `ngstone tcp` on fs: the agent's,
 // those only HTTP has hidden (a TCP tunnel refuses them).
@@ -63,6 +64,9 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("hostname", "", "a hostname of your own to bind instead (app.example.org, a CNAME to the edge), if the token allows it")
 	fs.StringArray("allow-cidr", nil, "visitor prefix the edge lets reach the tunnel (repeatable, e.g. 192.0.2.0/24; default: everyone)")
 	fs.StringArray("deny-cidr", nil, "visitor prefix the edge keeps out (repeatable; 403 ip_denied)")
+	fs.String("verify-webhook", "", "have the edge check each request's signature before it crosses: github, stripe, slack, or hmac (403 webhook_unverified)")
+	fs.String("verify-webhook-secret-file", "", "file holding the secret the webhook's sender signs with (for --verify-webhook)")
+	fs.String("verify-webhook-header", "", "for --verify-webhook hmac: the field that carries the body's HMAC-SHA256, hex or base64")
 	fs.StringArray("request-header-add", nil, "header field added to requests to the local service, \"Name: value\" (repeatable)")
 	fs.StringArray("request-header-remove", nil, "header field removed from requests to the local service (repeatable)")
 	fs.StringArray("response-header-add", nil, "header field added to the local service's responses, \"Name: value\" (repeatable)")
@@ -201,6 +205,7 @@ func check(cfg agent.Config) error {
 // command line's tunnel, a key of each entry of the file's tunnels:.
 var tunnelKeys = []string{
 	"subdomain", "hostname", "remote-port", "allow-cidr", "deny-cidr",
+	"verify-webhook", "verify-webhook-secret-file", "verify-webhook-header",
 	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
 	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
 	"basic-auth", "host-header", "proxy-protocol",
@@ -224,6 +229,19 @@ func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
 			t.AllowCIDR = l.strings(key)
 		case "deny-cidr":
 			t.DenyCIDR = l.strings(key)
+		case "verify-webhook":
+			t.VerifyWebhook = l.string(key)
+		case "verify-webhook-secret-file":
+			if p := l.string(key); p != "" {
+				b, err := os.ReadFile(p)
+				if err != nil {
+					e.set(fmt.Errorf("%s: %w", key, err))
+					continue
+				}
+				t.VerifyWebhookSecret = strings.TrimSpace(string(b))
+			}
+		case "verify-webhook-header":
+			t.VerifyWebhookHeader = l.string(key)
 		case "request-header-add":
 			t.RequestHeaderAdd = l.wholeStrings(key)
 		case "request-header-remove":

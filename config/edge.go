@@ -62,6 +62,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.Duration("read-timeout", d.ReadTimeout, "cut a visitor that sends nothing of its request body for this long (counted afresh at each read)")
 	fs.Int64("max-response-head", d.MaxResponseHead, "largest response head in bytes the edge takes from an agent, 1xx heads included; larger get 502 bad_response (at most 1 MiB)")
 	fs.Int64("max-request-body", 0, "largest visitor request body in bytes; larger get 413 (0 = no limit)")
+	fs.Int64("verify-webhook-max-body", d.VerifyWebhookMaxBody, "largest body in bytes the edge reads to check a tunnel's webhook signature (--verify-webhook); larger get 403 webhook_unverified")
 	fs.Duration("read-header-timeout", d.ReadHeaderTimeout, "how long a visitor may take to send TLS handshake and request headers")
 	fs.Duration("idle-timeout", d.IdleTimeout, "how long an idle visitor keep-alive connection stays open")
 	fs.StringSlice("tcp-ports", nil, "public ports of TCP tunnels, PORT or LO-HI items (e.g. 20000-20999); the edge listens on each, on the host of https-addr (default: none, no TCP tunnels)")
@@ -88,7 +89,7 @@ func groupEdgeFlags(fs *pflag.FlagSet) {
 		"cluster-advertise", "cluster-key", "cluster-lease-ttl", "cluster-route-staleness")
 	group(fs, "Limits", "max-streams-per-session", "max-conns", "max-conns-per-ip", "max-requests-per-ip",
 		"max-agent-conns", "max-agent-conns-per-ip", "write-timeout", "read-timeout", "max-response-head",
-		"max-request-body")
+		"max-request-body", "verify-webhook-max-body")
 	group(fs, "Admin", "admin-addr", "admin-token")
 }
 
@@ -157,6 +158,7 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.ReadTimeout = e.dur(l, "read-timeout")
 	cfg.MaxResponseHead = int64(e.integer(l, "max-response-head"))
 	cfg.MaxRequestBody = int64(e.integer(l, "max-request-body"))
+	cfg.VerifyWebhookMaxBody = int64(e.integer(l, "verify-webhook-max-body"))
 	cfg.ReadHeaderTimeout = e.dur(l, "read-header-timeout")
 	cfg.IdleTimeout = e.dur(l, "idle-timeout")
 	ports, err := mux.ParsePorts(l.strings("tcp-ports")...)

@@ -14,18 +14,23 @@ import (
 // crosses the tunnel; nil lets every visitor in.
 type visitorAccess struct {
 	allow, deny []netip.Prefix
+	webhook     *webhookCheck // --verify-webhook; nil: none
 }
 
-// parseAccess reads a bind's prefixes; none at all is nil.
-func parseAccess(allow, deny []string) (*visitorAccess, error) {
-	if len(allow) == 0 && len(deny) == 0 {
+// parseAccess reads a bind's prefixes and webhook check; none at all is nil.
+func parseAccess(allow, deny []string, webhook *mux.Webhook) (*visitorAccess, error) {
+	wh, err := parseWebhook(webhook)
+	if err != nil {
+		return nil, err
+	}
+	if len(allow) == 0 && len(deny) == 0 && wh == nil {
 		return nil, nil
 	}
 	const maxPrefixes = 1024
 	if len(allow)+len(deny) > maxPrefixes {
 		return nil, fmt.Errorf("at most %d --allow-cidr and --deny-cidr prefixes", maxPrefixes)
 	}
-	a := &visitorAccess{}
+	a := &visitorAccess{webhook: wh}
 	for _, list := range []struct {
 		flag string
 		in   []string
@@ -78,6 +83,9 @@ func (a *visitorAccess) String() string {
 	}
 	for _, p := range a.deny {
 		fmt.Fprintf(&b, "-%s ", p)
+	}
+	if a.webhook != nil {
+		b.WriteString(a.webhook.String())
 	}
 	return strings.TrimSpace(b.String())
 }

@@ -11,11 +11,11 @@ import (
 // so a --deny-cidr let it in and an --allow-cidr kept it out.
 func TestAccessZonedAddress(t *testing.T) {
 	zoned := netip.MustParseAddr("fe80::1%eth0")
-	deny, err := parseAccess(nil, []string{"fe80::/10"})
+	deny, err := parseAccess(nil, []string{"fe80::/10"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	allow, err := parseAccess([]string{"fe80::/10"}, nil)
+	allow, err := parseAccess([]string{"fe80::/10"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,11 +33,11 @@ func TestAccessZonedAddress(t *testing.T) {
 // which reaches past the mapped addresses, refuses the bind.
 func TestAccessMappedPrefixes(t *testing.T) {
 	in, out := netip.MustParseAddr("10.1.1.1"), netip.MustParseAddr("11.0.0.1")
-	deny, err := parseAccess(nil, []string{"::ffff:10.0.0.0/104"})
+	deny, err := parseAccess(nil, []string{"::ffff:10.0.0.0/104"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	allow, err := parseAccess([]string{"::ffff:10.0.0.0/104"}, nil)
+	allow, err := parseAccess([]string{"::ffff:10.0.0.0/104"}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestAccessMappedPrefixes(t *testing.T) {
 		t.Errorf("--allow-cidr ::ffff:10.0.0.0/104: %s let in %v, %s %v; want %s let in alone", in, allow.allows(in), out, allow.allows(out), in)
 	}
 	for _, p := range []string{"::ffff:10.0.0.0/95", "::ffff:0:0/0"} {
-		if _, err := parseAccess(nil, []string{p}); err == nil {
+		if _, err := parseAccess(nil, []string{p}, nil); err == nil {
 			t.Errorf("--deny-cidr %s accepted", p)
 		}
 	}

@@ -16,7 +16,7 @@ const randomNameTries = 16
 
 // bind answers one bind request of session s.
 func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
-	access, err := parseAccess(m.AllowCIDR, m.DenyCIDR)
+	access, err := parseAccess(m.AllowCIDR, m.DenyCIDR, m.Webhook)
 	if err != nil {
 		return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
 	}

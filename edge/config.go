@@ -91,6 +91,10 @@ type Config struct {
 	// MaxRequestBody bounds a visitor request body in bytes (413 past it).
 	// Zero means no limit.
 	MaxRequestBody int64
+	// VerifyWebhookMaxBody bounds the body the edge reads to check a
+	// tunnel's webhook signature (403 webhook_unverified past it). Zero
+	// means 10 MiB.
+	VerifyWebhookMaxBody int64
 	// ReservedNames cannot be bound. Nil means mux.DefaultReserved;
 	// an empty non-nil slice reserves nothing.
 	ReservedNames []string
@@ -175,6 +179,7 @@ func DefaultConfig() Config {
 		WriteTimeout:         60 * time.Second,
 		ReadTimeout:          60 * time.Second,
 		MaxResponseHead:      mux.MaxResponseHead,
+		VerifyWebhookMaxBody: 10 << 20,
 	}
 }
 
@@ -196,6 +201,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReservedNames == nil {
 		c.ReservedNames = d.ReservedNames
+	}
+	if c.VerifyWebhookMaxBody <= 0 {
+		c.VerifyWebhookMaxBody = d.VerifyWebhookMaxBody
 	}
 	if c.MaxResponseHead <= 0 {
 		c.MaxResponseHead = d.MaxResponseHead

@@ -37,6 +37,7 @@ type metrics struct {
 	limits      *prometheus.CounterVec // limit
 	acceptErrs  *prometheus.CounterVec // listener
 	tcpConns    *prometheus.CounterVec // result
+	webhooks    *prometheus.CounterVec // provider
 	tcpBytes    *prometheus.CounterVec // direction
 
 	// classes caches, by status/100, the children a request ends in, so
@@ -138,7 +139,11 @@ func newMetrics(e *Edge) *metrics {
 		Name: "ngstone_tcp_bytes_total",
 		Help: "Bytes relayed by TCP tunnels, by direction: in (from visitors), out (to visitors).",
 	}, []string{"direction"})
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes)
+	m.webhooks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_webhook_unverified_total",
+		Help: "Requests refused (403 webhook_unverified) because their signature did not verify, by the tunnel's --verify-webhook provider.",
+	}, []string{"provider"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes, m.webhooks)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),

@@ -255,7 +255,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS, mux.FeatureWebhook}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -420,6 +420,16 @@ func (s *session) allows(hostname string, ip netip.Addr) bool {
 	a := s.access[hostname]
 	s.mu.Unlock()
 	return a.allows(ip)
+}
+
+// webhook is hostname's --verify-webhook check; nil if none.
+func (s *session) webhook(hostname string) *webhookCheck {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if a := s.access[hostname]; a != nil {
+		return a.webhook
+	}
+	return nil
 }
 
 // fence takes hostname from the session up to generation gen: a binding at

@@ -71,6 +71,9 @@ const (
 	// FeatureTLS: bind takes Proto "tls" with a Subdomain or Hostname, and
 	// the edge passes TLS connections for that name (by SNI) through.
 	FeatureTLS = "tls"
+	// FeatureWebhook: bind takes Webhook, and the edge refuses requests
+	// whose signature it does not verify (403 webhook_unverified).
+	FeatureWebhook = "verify-webhook"
 	// "spare-stream" was listed by edges that took a stream the agent
 	// opened in advance for large uploads; the streams of exchanges now
 	// stay open, and an agent opens none.
@@ -101,7 +104,22 @@ type Bind struct {
 	Takeover  bool     `json:"takeover,omitempty"`
 	AllowCIDR []string `json:"allow_cidr,omitempty"`
 	DenyCIDR  []string `json:"deny_cidr,omitempty"`
+	// Webhook has the edge verify each request's signature before it
+	// crosses the tunnel (FeatureWebhook).
+	Webhook *Webhook `json:"verify_webhook,omitempty"`
 }
+
+// Webhook is how a tunnel's requests are signed: Provider "github",
+// "stripe", "slack", or "hmac" (a hex or base64 HMAC-SHA256 of the body
+// in the field Header), with Secret, the key the sender signs with.
+type Webhook struct {
+	Provider string `json:"provider"`
+	Secret   string `json:"secret"`
+	Header   string `json:"header,omitempty"`
+}
+
+// Webhook providers (Webhook.Provider).
+var WebhookProviders = []string{"github", "stripe", "slack", "hmac"}
 
 // BindOK grants a binding.
 type BindOK struct {

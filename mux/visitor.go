@@ -33,6 +33,7 @@ const (
 	CodeMethodNotAllowed    = "method_not_allowed"
 	CodeVisitorLimit        = "visitor_limit"
 	CodeIPDenied            = "ip_denied"
+	CodeWebhookUnverified   = "webhook_unverified"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -58,6 +59,7 @@ var visitorErrors = map[string]struct {
 	CodeMethodNotAllowed:    {http.StatusMethodNotAllowed, "%s does not take this method through the tunnel"},
 	CodeVisitorLimit:        {http.StatusTooManyRequests, "this address has too many requests in flight to %s; retry shortly"},
 	CodeIPDenied:            {http.StatusForbidden, "%s lets in only the visitor addresses its agent allows, and not this one"},
+	CodeWebhookUnverified:   {http.StatusForbidden, "%s takes only webhooks signed with its secret, and this request's signature did not verify"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an

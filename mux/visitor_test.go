@@ -26,6 +26,7 @@ func TestWriteVisitorError(t *testing.T) {
 		CodeMethodNotAllowed:    405,
 		CodeVisitorLimit:        429,
 		CodeIPDenied:            403,
+		CodeWebhookUnverified:   403,
 	}
 	if len(tests) != len(visitorErrors) {
 		t.Fatalf("the test pins %d codes, visitorErrors has %d", len(tests), len(visitorErrors))

@@ -74,6 +74,10 @@ type Capture struct {
 	// TLS), listed from when it opens: Duration is how long it has been
 	// open so far, and Request and Response are empty.
 	Conn *Conn `json:"conn,omitempty"`
+	// Refused is why the edge answered the request itself (Code), which
+	// therefore never reached the agent: a webhook whose signature did
+	// not verify. Its Request and Response are empty.
+	Refused string `json:"refused,omitempty"`
 
 	live *connMeter // a connection's, read when listed
 }
@@ -323,6 +327,12 @@ func (in *Inspector) addConn(t *tunnel, r *http.Request, start time.Time, m *con
 	in.add(Capture{Start: start, Method: strings.ToUpper(t.cfg.Proto), Tunnel: t.name, live: m})
 }
 
+// addRefused lists a request the edge refused for t (mux.Refused).
+func (in *Inspector) addRefused(t *tunnel, m *mux.Refused) {
+	in.add(Capture{Start: time.Now(), Method: m.Method, Path: m.Path, Tunnel: in.a.shownName(t),
+		Status: http.StatusForbidden, Code: m.Code, Refused: m.Reason})
+}
+
 // record keeps the exchange x ran for r, the request from the edge for
 // path.
 func (in *Inspector) record(x *exchange, r *http.Request, path string) {
@@ -514,6 +524,9 @@ var (
 	// errConn refuses to replay a TCP or TLS connection: none of its
 	// bytes are kept, and a connection is not a request to send again.
 	errConn = errors.New("a TCP or TLS connection cannot be replayed: its bytes are relayed, not kept; only HTTP requests can")
+	// errRefused refuses to replay a request the edge refused: it never
+	// reached the agent, which has nothing of it to send.
+	errRefused = errors.New("the edge refused this request before it crossed the tunnel: the agent never had it to send again")
 )
 
 func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
@@ -533,7 +546,7 @@ func (in *Inspector) serveReplay(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusBadGateway
 	switch {
-	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel), errors.Is(err, errConn):
+	case errors.Is(err, errNotWhole), errors.Is(err, errNoTunnel), errors.Is(err, errConn), errors.Is(err, errRefused):
 		status = http.StatusConflict
 	case errors.Is(err, errBadEdit):
 		status = http.StatusBadRequest
@@ -589,6 +602,9 @@ func (in *Inspector) lookup(w http.ResponseWriter, r *http.Request) (Capture, bo
 func (in *Inspector) replay(ctx context.Context, c Capture, edited bool) (uint64, error) {
 	if c.Conn != nil {
 		return 0, errConn
+	}
+	if c.Refused != "" {
+		return 0, errRefused
 	}
 	if c.Request.Truncated || c.Request.Head == "" {
 		return 0, errNotWhole

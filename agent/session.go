@@ -677,12 +677,29 @@ func (c *conn) readControl() {
 			c.evicted(m)
 		case *mux.GoAway:
 			c.event(errGoAway)
+		case *mux.Refused:
+			c.refused(m)
 		case *mux.Unbound:
 			select {
 			case c.unbound <- m.Hostname:
 			default:
 			}
 		}
+	}
+}
+
+// refused lists a request the edge refused for one of this session's
+// tunnels, and logs it.
+func (c *conn) refused(m *mux.Refused) {
+	c.mu.Lock()
+	t := c.held[m.Hostname]
+	c.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.log.Info("request refused at the edge", "code", m.Code, "method", m.Method, "path", m.Path, "reason", m.Reason)
+	if in := c.a.inspect; in != nil {
+		in.addRefused(t, m)
 	}
 }
 

@@ -163,7 +163,7 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 	vw, r, done := e.visitorTimeouts(w, r, !rt.relay)
 	defer done()
 	if rt.s != nil && !rt.relay {
-		if c := rt.s.webhook(rt.hostname); c != nil && !e.verifyWebhook(vw, r, rt.hostname, c) {
+		if c := rt.s.webhook(rt.hostname); c != nil && !e.verifyWebhook(vw, r, rt, c) {
 			return
 		}
 	}

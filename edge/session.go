@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/yamux"
+	"golang.org/x/time/rate"
 
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
@@ -38,12 +39,14 @@ const controlWriteTimeout = 10 * time.Second
 
 // session is one agent connection: a yamux session and its control stream.
 type session struct {
-	e      *Edge
-	id     uint64
-	ys     *yamux.Session
-	pool   *http.Transport // the streams kept open for exchanges
-	remote string
-	log    *slog.Logger
+	e    *Edge
+	id   uint64
+	ys   *yamux.Session
+	pool *http.Transport // the streams kept open for exchanges
+	// refusals bounds the refused notices sent to the agent (tellRefused).
+	refusals *rate.Limiter
+	remote   string
+	log      *slog.Logger
 
 	ctrl       net.Conn
 	instanceID string
@@ -170,6 +173,7 @@ func (e *Edge) openSession(ctx context.Context, c net.Conn) (*session, error) {
 	s := &session{
 		e: e, id: e.nextSession.Add(1), ys: ys, remote: c.RemoteAddr().String(),
 		bindings: make(map[string]uint64), closed: make(chan struct{}),
+		refusals: rate.NewLimiter(refusedPerSecond, refusedBurst),
 	}
 	s.pool = s.newPool()
 	s.log = e.log.With("session", s.id, "remote", s.remote)
@@ -420,6 +424,26 @@ func (s *session) allows(hostname string, ip netip.Addr) bool {
 	a := s.access[hostname]
 	s.mu.Unlock()
 	return a.allows(ip)
+}
+
+// The refused notices an agent gets, at most: its inspector lists them
+// for a person to read, not to count (the edge's metrics count).
+const (
+	refusedPerSecond = 5
+	refusedBurst     = 10
+)
+
+// tellRefused tells the agent of a request the edge answered itself, if
+// the session's rate allows. The write is the control stream's, bounded
+// by controlWriteTimeout: only an agent that stops reading it slows its
+// own tunnel's refusals.
+func (s *session) tellRefused(m *mux.Refused) {
+	if !s.refusals.Allow() {
+		return
+	}
+	if err := s.send(m); err != nil {
+		s.log.Debug("refused notice not sent", "hostname", m.Hostname, "err", err)
+	}
 }
 
 // webhook is hostname's --verify-webhook check; nil if none.

@@ -161,7 +161,8 @@ func recent(ts string, now time.Time) error {
 // verifyWebhook reads r's body whole (up to VerifyWebhookMaxBody) and
 // checks its signature; verified, r's body is what was read. Otherwise it
 // answers 403 webhook_unverified, or the visitor's broken body's error.
-func (e *Edge) verifyWebhook(w http.ResponseWriter, r *http.Request, host string, c *webhookCheck) bool {
+func (e *Edge) verifyWebhook(w http.ResponseWriter, r *http.Request, rt route, c *webhookCheck) bool {
+	host := rt.hostname
 	max := e.cfg.VerifyWebhookMaxBody
 	var body []byte
 	var err error
@@ -182,6 +183,7 @@ func (e *Edge) verifyWebhook(w http.ResponseWriter, r *http.Request, host string
 		e.log.Info("webhook refused: its signature did not verify", "hostname", host, "provider", c.provider, "method", r.Method, "path", r.URL.Path, "reason", err.Error())
 		w.Header().Set(webhookReasonHeader, err.Error())
 		mux.WriteVisitorErrorFor(w, r, mux.CodeWebhookUnverified, host)
+		rt.s.tellRefused(&mux.Refused{Hostname: host, Method: r.Method, Path: r.URL.RequestURI(), Code: mux.CodeWebhookUnverified, Reason: err.Error()})
 		return false
 	}
 	r.Body, r.ContentLength, r.TransferEncoding = io.NopCloser(bytes.NewReader(body)), int64(len(body)), nil

@@ -81,7 +81,8 @@ func TestVerifyWebhook(t *testing.T) {
 			if provider == "hmac" {
 				ac.VerifyWebhookHeader = "X-Signature"
 			}
-			tunneltest.StartAgent(t, ac).WaitOnline(t)
+			ag := tunneltest.StartAgent(t, ac)
+			ag.WaitOnline(t)
 			post := func(body string, h http.Header) *http.Response {
 				t.Helper()
 				req, _ := http.NewRequest(http.MethodPost, tunneltest.URL("https", provider, "/echo"), strings.NewReader(body))
@@ -111,6 +112,15 @@ func TestVerifyWebhook(t *testing.T) {
 			changed := strings.Replace(body, "evt_1", "evt_2", 1)
 			refused("a byte changed", post(changed, sign(body, time.Now())))
 			refused("unsigned", post(body, nil))
+			// The agent's inspector lists it, and why, though it never crossed.
+			tunneltest.Eventually(t, 5*time.Second, "the inspector to list the refusal", func() bool {
+				for _, c := range ag.Inspector().List() {
+					if c.Code == mux.CodeWebhookUnverified && c.Path == "/echo" && c.Status == http.StatusForbidden && c.Refused != "" {
+						return true
+					}
+				}
+				return false
+			})
 			if provider == "stripe" || provider == "slack" {
 				refused("signed 6 minutes ago", post(body, sign(body, time.Now().Add(-6*time.Minute))))
 			}
@@ -160,5 +170,34 @@ func TestClusterVerifyWebhook(t *testing.T) {
 		case h == nil && (resp.StatusCode != http.StatusForbidden || resp.Header.Get(mux.ErrorHeader) != mux.CodeWebhookUnverified):
 			t.Fatalf("unsigned, via b: %d %s", resp.StatusCode, resp.Header.Get(mux.ErrorHeader))
 		}
+	}
+}
+
+// TestVerifyWebhookRefusalsBounded: a flood of unsigned requests gets 403
+// each, but the agent hears of a few a second at most.
+func TestVerifyWebhookRefusalsBounded(t *testing.T) {
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", tunneltest.StartBackend(t).Addr())
+	ac.Subdomain, ac.VerifyWebhook, ac.VerifyWebhookSecret = "flood", "github", webhookSecret
+	ag := tunneltest.StartAgent(t, ac)
+	ag.WaitOnline(t)
+	began := time.Now()
+	const n = 200
+	for range n {
+		resp, err := e.Client().Post(tunneltest.URL("https", "flood", "/echo"), "application/json", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden {
+			t.Fatalf("unsigned: %d", resp.StatusCode)
+		}
+	}
+	// The burst, and five a second after it (plus one for the clock).
+	bound := 10 + int(5*time.Since(began).Seconds()) + 1
+	tunneltest.Eventually(t, 5*time.Second, "the burst's notices", func() bool { return len(ag.Inspector().List()) >= 10 })
+	if got := len(ag.Inspector().List()); got > bound || got == n {
+		t.Fatalf("the agent listed %d of %d refusals, over the bound %d", got, n, bound)
 	}
 }

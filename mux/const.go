@@ -63,13 +63,14 @@ const (
 	TypeUnbound      Type = 10 // edge → agent: answers unbind
 	TypeGoAway       Type = 11 // edge → agent: the edge is shutting down, reconnect
 	TypeError        Type = 12 // edge → agent: a fatal session error (bad hello, unauthorized)
+	TypeRefused      Type = 13 // edge → agent: a request the edge refused for a tunnel (FeatureWebhook)
 )
 
 var typeNames = map[Type]string{
 	TypeHello: "hello", TypeHelloOK: "hello_ok", TypeBind: "bind", TypeBindOK: "bind_ok",
 	TypeBindError: "bind_error", TypeHeartbeat: "heartbeat", TypeHeartbeatAck: "heartbeat_ack",
 	TypeEvicted: "evicted", TypeUnbind: "unbind", TypeUnbound: "unbound", TypeGoAway: "goaway",
-	TypeError: "error",
+	TypeError: "error", TypeRefused: "refused",
 }
 
 func (t Type) String() string {

@@ -135,6 +135,8 @@ func newMessage(t Type) Message {
 		return &GoAway{}
 	case TypeError:
 		return &Error{}
+	case TypeRefused:
+		return &Refused{}
 	}
 	return nil
 }

@@ -198,6 +198,19 @@ const (
 	ProtoTLS = "tls"
 )
 
+// Refused tells the agent of a request the edge answered itself for one
+// of its tunnels, which never crossed (a webhook whose signature did not
+// verify), so that the agent's inspector shows it and why. The edge sends
+// a few a second at most, and only to an agent whose bind asked for a
+// check that refuses.
+type Refused struct {
+	Hostname string `json:"hostname"`
+	Method   string `json:"method"`
+	Path     string `json:"path"`
+	Code     string `json:"code"`
+	Reason   string `json:"reason"`
+}
+
 // Unbind releases a hostname gracefully.
 type Unbind struct {
 	Hostname string `json:"hostname"`
@@ -234,3 +247,4 @@ func (*Unbind) MessageType() Type       { return TypeUnbind }
 func (*Unbound) MessageType() Type      { return TypeUnbound }
 func (*GoAway) MessageType() Type       { return TypeGoAway }
 func (*Error) MessageType() Type        { return TypeError }
+func (*Refused) MessageType() Type      { return TypeRefused }

@@ -470,13 +470,16 @@ type apiTunnel struct {
 type apiTunnelConfig struct {
 	Addr    string `json:"addr"`
 	Inspect bool   `json:"inspect"`
+	// VerifyWebhook is ngstone's own: the provider whose signatures the
+	// edge checks.
+	VerifyWebhook string `json:"verify_webhook,omitempty"`
 }
 
 func (in *Inspector) tunnels() []apiTunnel {
 	out := []apiTunnel{}
 	for _, t := range in.a.Status().Endpoints() {
 		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
-			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true}})
+			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true, VerifyWebhook: t.VerifyWebhook}})
 	}
 	return out
 }

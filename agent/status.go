@@ -76,13 +76,16 @@ const (
 
 // TunnelStatus is one tunnel's part of the status.
 type TunnelStatus struct {
-	Name       string // the tunnel's name; "command_line" for the command line's
-	Local      string // the local service's URL
-	State      TunnelState
-	Hostname   string   // once bound
-	URL        string   // the first public URL, once bound
-	URLs       []string // every public URL of the binding
-	Generation uint64
+	Name  string // the tunnel's name; "command_line" for the command line's
+	Local string // the local service's URL
+	// VerifyWebhook is the provider whose signatures the edge checks
+	// (--verify-webhook); empty if none.
+	VerifyWebhook string
+	State         TunnelState
+	Hostname      string   // once bound
+	URL           string   // the first public URL, once bound
+	URLs          []string // every public URL of the binding
+	Generation    uint64
 	// Err is why the name was refused or lost; nil otherwise.
 	Err error
 	// EvictedReason is the reason the edge gave when it took the name away.
@@ -101,6 +104,8 @@ type Endpoint struct {
 	Proto     string // the public URL's scheme: https or http
 	PublicURL string
 	Local     string // the local service's URL
+	// VerifyWebhook is the tunnel's --verify-webhook provider, if any.
+	VerifyWebhook string
 }
 
 // Endpoints lists the public URLs of the tunnels that hold their names,
@@ -121,7 +126,7 @@ func (s Status) Endpoints() []Endpoint {
 			if i > 0 {
 				name += " (" + proto + ")"
 			}
-			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local})
+			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local, VerifyWebhook: t.VerifyWebhook})
 		}
 	}
 	return out

@@ -236,6 +236,9 @@ func (m *consoleModel) render() string {
 	endpoints := st.Endpoints()
 	for _, t := range endpoints {
 		line := t.PublicURL + " -> " + t.Local
+		if t.VerifyWebhook != "" {
+			line += styleDim.Render(" (" + t.VerifyWebhook + " webhooks only)")
+		}
 		if len(st.Tunnels) > 1 {
 			line = t.Tunnel + ": " + line
 		}

@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -24,13 +25,13 @@ func TestVerifyWebhookCLI(t *testing.T) {
 		io.WriteString(w, "delivered")
 	})
 	data := t.TempDir()
-	ports := freePorts(t, 3)
-	startProc(t, nil, edgeArgs(data, ports)...)
+	ports := freePorts(t, 4)
+	startProc(t, nil, edgeArgs(data, ports[:3])...)
 	waitHealthy(t, "127.0.0.1:"+ports[2])
 	secret := filepath.Join(t.TempDir(), "github.secret")
 	write(t, secret, "It's a Secret to Everybody\n")
 	startProc(t, nil, "http", port, "--edge", "127.0.0.1:"+ports[1], "--server-name", "localhost", "--ca-file", filepath.Join(data, "ca.pem"),
-		"--subdomain", "hooks", "--verify-webhook", "github", "--verify-webhook-secret-file", secret).
+		"--subdomain", "hooks", "--verify-webhook", "github", "--verify-webhook-secret-file", secret, "--inspect-addr", "127.0.0.1:"+ports[3]).
 		waitLine(t, regexp.MustCompile(`^Forwarding http://hooks\.ngstone\.test:`))
 
 	const body = "Hello, World!"
@@ -64,5 +65,20 @@ func TestVerifyWebhookCLI(t *testing.T) {
 	case got := <-reached:
 		t.Fatalf("the unsigned delivery reached the local service: %q", got)
 	default:
+	}
+	resp, err := http.Get("http://127.0.0.1:" + ports[3] + "/api/tunnels")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Tunnels []struct {
+			Config struct {
+				VerifyWebhook string `json:"verify_webhook"`
+			} `json:"config"`
+		} `json:"tunnels"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil || len(list.Tunnels) == 0 || list.Tunnels[0].Config.VerifyWebhook != "github" {
+		t.Fatalf("/api/tunnels: %+v, %v; want verify_webhook github", list, err)
 	}
 }

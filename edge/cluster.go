@@ -323,7 +323,18 @@ func (t *routeTransport) forward(req *http.Request, rt route) (*http.Response, e
 		if s == nil || !s.live(time.Now()) {
 			return nil, errNoRoute
 		}
-		next := route{s: s, hostname: rt.hostname, generation: b.Generation}
+		// The checks the owner makes of a forwarded request (clusterHandler)
+		// are this edge's now: the visitor's address (X-Forwarded-For,
+		// which this edge set), and a webhook's signature, whose body is
+		// unread and cannot be checked here: offline, as in a move.
+		if ip, ok := visitorIP(req, true); !ok || !s.allows(rt.hostname, ip) {
+			t.e.metrics.limited(limitIPDenied)
+			return nil, errIPDenied
+		}
+		if s.webhook(rt.hostname) != nil {
+			return nil, errNoRoute
+		}
+		next := route{s: s, hostname: rt.hostname, generation: b.Generation, relay: rt.relay}
 		return t.local.RoundTrip(withBody(req.WithContext(context.WithValue(req.Context(), routeKey{}, next)), body))
 	}
 	return t.forwardOnce(req, route{node: b.Node, hostname: rt.hostname, generation: b.Generation}, body)
@@ -430,7 +441,14 @@ func (e *Edge) clusterHandler() http.Handler {
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen, relay: tcp || b.Proto == mux.ProtoTLS}, e.clusterProxy)
+		relay := tcp || b.Proto == mux.ProtoTLS
+		if relay && r.Header.Get("Expect") == "100-continue" {
+			// Routed: send for the visitor's bytes now. The server would
+			// at the body's first read, which the agent's 200 can beat;
+			// the first edge then never sends the body.
+			w.WriteHeader(http.StatusContinue)
+		}
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen, relay: relay}, e.clusterProxy)
 	})
 }
 

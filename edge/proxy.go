@@ -43,6 +43,10 @@ type routeKey struct{}
 // (fenced, closed or draining) before anything was sent.
 var errNoRoute = errors.New("edge: session cannot take new streams")
 
+// errIPDenied: the visitor's address is not one the tunnel lets in, found
+// out after routing (a cluster's stale-route retry).
+var errIPDenied = errors.New("edge: the tunnel does not let this visitor's address in")
+
 // errTooManyStreams means the session is at MaxStreamsPerSession.
 var errTooManyStreams = errors.New("edge: session at its concurrent request limit")
 
@@ -288,6 +292,8 @@ func (e *Edge) visitorFailed(w http.ResponseWriter, r *http.Request, hostname st
 		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, hostname)
 	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
 		mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, hostname)
+	case errors.Is(err, errIPDenied):
+		mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, hostname)
 	case errors.Is(err, errTooManyStreams):
 		e.metrics.limited(limitSessionStreams)
 		mux.WriteVisitorErrorFor(w, r, mux.CodeTooManyRequests, hostname)

@@ -166,6 +166,8 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	case errors.Is(err, errTooManyStreams):
 		e.metrics.limited(limitSessionStreams)
 		return tcpLimited
+	case errors.Is(err, errIPDenied):
+		return tcpIPDenied
 	case errors.Is(err, errNoRoute), errors.Is(err, errRegistry):
 		return tcpOffline
 	case errors.Is(err, errNotBound):

@@ -12,8 +12,8 @@ import (
 	"github.com/ngstone/ngstone/mux"
 )
 
-// The ownership bars of names, for TCP ports (an edge that runs alone:
-// TCP tunnels are not yet in a cluster).
+// The ownership bars of names, for TCP ports, on an edge that runs alone
+// (in a cluster: edge/tcp_cluster_test.go).
 
 // tcpEdge is an edge with short timeouts and n TCP ports.
 func tcpEdge(t *testing.T, n int) *tunneltest.Edge {

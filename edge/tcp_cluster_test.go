@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pires/go-proxyproto"
-
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/tunneltest"
@@ -151,40 +149,14 @@ func TestClusterTCPTunnel(t *testing.T) {
 // reads names the visitor and the port of the edge it connected to, also
 // when that edge is not the agent's.
 func TestClusterTCPProxyProtocol(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pln := &proxyproto.Listener{Listener: ln, ConnPolicy: func(proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) { return proxyproto.REQUIRE, nil }}
-	defer pln.Close()
-	seen := make(chan string, 1)
-	go func() {
-		c, err := pln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(tcpDeadline))
-		line, _ := bufio.NewReader(c).ReadString('\n')
-		seen <- c.RemoteAddr().String() + " " + c.LocalAddr().String() + " " + line
-	}()
+	addr, seen := proxyProtocolService(t)
 	_, a, b, _ := startTCPCluster(t, 1, nil)
-	ac := a.AgentConfigShortTimeouts("", ln.Addr().String())
+	ac := a.AgentConfigShortTimeouts("", addr)
 	ac.Proto, ac.ProxyProtocol, ac.Token = agent.ProtoTCP, true, "token-a"
 	st := tunneltest.StartAgent(t, ac).WaitOnline(t)
 	port := tcpPort(t, st)
 	waitRouted(t, b, mux.TCPKey(port), st)
-	c := dialTCP(t, b.Edge, port)
-	io.WriteString(c, "hello\n")
-	want := c.LocalAddr().String() + " " + b.TCPAddr(port).String() + " hello\n"
-	select {
-	case got := <-seen:
-		if got != want {
-			t.Fatalf("the local service saw %q, want %q", got, want)
-		}
-	case <-time.After(tcpDeadline):
-		t.Fatal("the local service read nothing")
-	}
+	sayHello(t, dialTCP(t, b.Edge, port), b.TCPAddr(port), seen)
 }
 
 // TestClusterTCPIdle: a forwarded connection idle for longer than the

@@ -252,12 +252,27 @@ func connectCloseLoop(t *testing.T, n int, serve func(net.Conn), tunnel func(loc
 // protocol v2 header naming the visitor's address and the edge's port it
 // connected to, then the visitor's bytes.
 func TestTCPProxyProtocol(t *testing.T) {
+	addr, seen := proxyProtocolService(t)
+	cfg := tunneltest.EdgeConfig(t)
+	cfg.TCPPorts = tunneltest.FreePorts(t, 1)
+	e := tunneltest.StartEdge(t, cfg)
+	ac := e.TCPAgentConfig(addr, 0)
+	ac.ProxyProtocol = true
+	port := tcpPort(t, tunneltest.StartAgent(t, ac).WaitOnline(t))
+	sayHello(t, dialTCP(t, e, port), e.TCPAddr(port), seen)
+}
+
+// proxyProtocolService is a local service that requires a PROXY protocol
+// header: for its first connection it sends on seen the source and
+// destination the header named, and the first line after it.
+func proxyProtocolService(t *testing.T) (string, <-chan string) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	pln := &proxyproto.Listener{Listener: ln, ConnPolicy: func(proxyproto.ConnPolicyOptions) (proxyproto.Policy, error) { return proxyproto.REQUIRE, nil }}
-	defer pln.Close()
+	t.Cleanup(func() { pln.Close() })
 	seen := make(chan string, 1)
 	go func() {
 		c, err := pln.Accept()
@@ -269,15 +284,15 @@ func TestTCPProxyProtocol(t *testing.T) {
 		line, _ := bufio.NewReader(c).ReadString('\n')
 		seen <- c.RemoteAddr().String() + " " + c.LocalAddr().String() + " " + line
 	}()
-	cfg := tunneltest.EdgeConfig(t)
-	cfg.TCPPorts = tunneltest.FreePorts(t, 1)
-	e := tunneltest.StartEdge(t, cfg)
-	ac := e.TCPAgentConfig(ln.Addr().String(), 0)
-	ac.ProxyProtocol = true
-	port := tcpPort(t, tunneltest.StartAgent(t, ac).WaitOnline(t))
-	c := dialTCP(t, e, port)
+	return ln.Addr().String(), seen
+}
+
+// sayHello sends a line on visitor c, which connected to the edge's
+// public address, and checks what the PROXY protocol service saw.
+func sayHello(t *testing.T, c net.Conn, public net.Addr, seen <-chan string) {
+	t.Helper()
 	io.WriteString(c, "hello\n")
-	want := c.LocalAddr().String() + " " + e.TCPAddr(port).String() + " hello\n"
+	want := c.LocalAddr().String() + " " + public.String() + " hello\n"
 	select {
 	case got := <-seen:
 		if got != want {

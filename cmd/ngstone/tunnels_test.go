@@ -116,24 +116,9 @@ func TestStartAll(t *testing.T) {
 		}
 		return true
 	})
-	var list struct {
-		Tunnels []struct {
-			Name      string `json:"name"`
-			PublicURL string `json:"public_url"`
-		} `json:"tunnels"`
-	}
-	resp, err := http.Get("http://" + inspect + "/api/tunnels")
-	if err != nil {
-		t.Fatal(err)
-	}
-	json.NewDecoder(resp.Body).Decode(&list)
-	resp.Body.Close()
-	var listed []string
-	for _, tn := range list.Tunnels {
-		listed = append(listed, tn.Name+" "+tn.PublicURL)
-	}
+	listed := apiTunnels(t, inspect)
 	for _, name := range threeNames {
-		if !slices.Contains(listed, name+" http://"+name+".ngstone.test:"+ports[0]) {
+		if !slices.Contains(listed, name+" http http://"+name+".ngstone.test:"+ports[0]) {
 			t.Errorf("/api/tunnels lists %v, without %s", listed, name)
 		}
 	}
@@ -379,6 +364,17 @@ func TestStartAllTCPAndTLS(t *testing.T) {
 	}
 	tc.Close()
 
+	listed := apiTunnels(t, inspect)
+	for _, want := range []string{"web (http) http http://web.ngstone.test:" + ports[0], "shell tcp tcp://ngstone.test:" + tcp, "secure tls tls://secure.ngstone.test:" + https} {
+		if !slices.Contains(listed, want) {
+			t.Errorf("/api/tunnels lists %q, without %q", listed, want)
+		}
+	}
+}
+
+// apiTunnels lists the agent's local API's tunnels as "NAME PROTO URL".
+func apiTunnels(t *testing.T, inspect string) []string {
+	t.Helper()
 	var list struct {
 		Tunnels []struct {
 			Name      string `json:"name"`
@@ -390,15 +386,13 @@ func TestStartAllTCPAndTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	json.NewDecoder(resp.Body).Decode(&list)
-	resp.Body.Close()
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
 	var listed []string
 	for _, tn := range list.Tunnels {
 		listed = append(listed, tn.Name+" "+tn.Proto+" "+tn.PublicURL)
 	}
-	for _, want := range []string{"web (http) http http://web.ngstone.test:" + ports[0], "shell tcp tcp://ngstone.test:" + tcp, "secure tls tls://secure.ngstone.test:" + https} {
-		if !slices.Contains(listed, want) {
-			t.Errorf("/api/tunnels lists %q, without %q", listed, want)
-		}
-	}
+	return listed
 }

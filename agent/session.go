@@ -403,9 +403,7 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 			continue
 		}
 		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
-		if t.cfg.VerifyWebhook != "" {
-			bind.Webhook = &mux.Webhook{Provider: t.cfg.VerifyWebhook, Secret: t.cfg.VerifyWebhookSecret, Header: t.cfg.VerifyWebhookHeader}
-		}
+		bind.Webhook = t.cfg.webhook()
 		switch {
 		case t.cfg.isTCP():
 			bind.Subdomain, bind.Proto, bind.Port, bind.Label = "", mux.ProtoTCP, port, t.cfg.label()

@@ -10,12 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/net/http/httpguts"
 
 	"github.com/ngstone/ngstone/mux"
 )
@@ -29,9 +26,6 @@ import (
 // as both providers' docs and libraries do.
 const webhookTolerance = 5 * time.Minute
 
-// maxWebhookSecret bounds a secret sent with a bind.
-const maxWebhookSecret = 4 << 10
-
 type webhookCheck struct {
 	provider string
 	header   string // hmac: the field that carries the signature
@@ -40,17 +34,11 @@ type webhookCheck struct {
 
 // parseWebhook reads a bind's webhook settings; none is nil.
 func parseWebhook(w *mux.Webhook) (*webhookCheck, error) {
-	switch {
-	case w == nil:
+	if w == nil {
 		return nil, nil
-	case !slices.Contains(mux.WebhookProviders, w.Provider):
-		return nil, fmt.Errorf("verify-webhook %q: want one of %s", w.Provider, strings.Join(mux.WebhookProviders, ", "))
-	case w.Secret == "" || len(w.Secret) > maxWebhookSecret:
-		return nil, fmt.Errorf("verify-webhook-secret-file: the secret must have 1 to %d bytes", maxWebhookSecret)
-	case w.Provider == "hmac" && !httpguts.ValidHeaderFieldName(w.Header):
-		return nil, fmt.Errorf("verify-webhook-header %q: want the name of the field that carries the signature", w.Header)
-	case w.Provider != "hmac" && w.Header != "":
-		return nil, errors.New("verify-webhook-header: only for --verify-webhook hmac")
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
 	}
 	return &webhookCheck{provider: w.Provider, header: http.CanonicalHeaderKey(w.Header), secret: []byte(w.Secret)}, nil
 }

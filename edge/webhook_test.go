@@ -16,6 +16,7 @@ import (
 	"github.com/slack-go/slack"
 	"github.com/stripe/stripe-go/v82/webhook"
 
+	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
 )
@@ -133,10 +134,8 @@ func TestVerifyWebhook(t *testing.T) {
 // TestVerifyWebhookRefusesRelays: a TCP tunnel cannot ask for webhook
 // verification; the agent refuses it before it connects.
 func TestVerifyWebhookRefusesRelays(t *testing.T) {
-	cfg := tunneltest.EdgeConfig(t)
-	cfg.TCPPorts = tunneltest.FreePorts(t, 1)
-	e := tunneltest.StartEdge(t, cfg)
-	ac := e.TCPAgentConfig("127.0.0.1:1", 0)
+	ac := agent.DefaultConfig()
+	ac.Edge, ac.Proto, ac.Local = "127.0.0.1:1", agent.ProtoTCP, "127.0.0.1:1"
 	ac.VerifyWebhook, ac.VerifyWebhookSecret = "github", webhookSecret
 	if err := ac.Validate(); err == nil || !strings.Contains(err.Error(), "verify-webhook") {
 		t.Fatalf("a TCP tunnel with --verify-webhook: %v; want it refused", err)

@@ -3,6 +3,11 @@ package mux
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Hello is the agent's first frame on the control stream.
@@ -120,6 +125,25 @@ type Webhook struct {
 
 // Webhook providers (Webhook.Provider).
 var WebhookProviders = []string{"github", "stripe", "slack", "hmac"}
+
+// MaxWebhookSecret bounds Webhook.Secret, in bytes.
+const MaxWebhookSecret = 4 << 10
+
+// Validate reports the first field of w that an edge refuses, in the
+// agent's flags' words: the agent checks before it binds, the edge again.
+func (w *Webhook) Validate() error {
+	switch {
+	case !slices.Contains(WebhookProviders, w.Provider):
+		return fmt.Errorf("verify-webhook %q: want one of %s", w.Provider, strings.Join(WebhookProviders, ", "))
+	case w.Secret == "" || len(w.Secret) > MaxWebhookSecret:
+		return fmt.Errorf("verify-webhook-secret-file: the secret the sender signs with must have 1 to %d bytes", MaxWebhookSecret)
+	case w.Provider == "hmac" && !httpguts.ValidHeaderFieldName(w.Header):
+		return fmt.Errorf("verify-webhook-header %q: --verify-webhook hmac needs the name of the field that carries the signature", w.Header)
+	case w.Provider != "hmac" && w.Header != "":
+		return fmt.Errorf("verify-webhook-header: only for --verify-webhook hmac; %s's field is fixed", w.Provider)
+	}
+	return nil
+}
 
 // BindOK grants a binding.
 type BindOK struct {

@@ -2,8 +2,6 @@ package edge_test
 
 import (
 	"bufio"
-	"bytes"
-	"crypto/sha256"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -69,16 +67,7 @@ func startClusterTCPAgent(t *testing.T, e *clusterEdge, local, token, instance s
 // restart changes nothing.
 func TestClusterTCPTunnel(t *testing.T) {
 	const up, down = 1 << 20, 256 << 10
-	local := tunneltest.ServeConns(t, func(c net.Conn) {
-		c.SetDeadline(time.Now().Add(tcpDeadline))
-		io.WriteString(c, "banner\n")
-		h := sha256.New()
-		if _, err := io.Copy(h, c); err != nil {
-			return
-		}
-		c.Write(h.Sum(nil))
-		io.Copy(c, tunneltest.Pattern(down))
-	})
+	local := digestService(t, down)
 	_, a, b, start := startTCPCluster(t, 3, nil)
 	ag := startClusterTCPAgent(t, a, local, "token-a", instX, 0)
 	st := ag.WaitOnline(t)
@@ -87,22 +76,8 @@ func TestClusterTCPTunnel(t *testing.T) {
 
 	relay := func(e *clusterEdge) {
 		t.Helper()
-		c := dialTCP(t, e.Edge, port)
-		banner := make([]byte, 7)
-		if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "banner\n" {
-			t.Fatalf("via %s: banner %q, %v", e.store.Node(), banner, err)
-		}
-		want := sha256.New()
-		if _, err := io.Copy(io.MultiWriter(c, want), tunneltest.Pattern(up)); err != nil {
-			t.Fatalf("via %s: upload: %v", e.store.Node(), err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(c)
-		pattern, _ := io.ReadAll(tunneltest.Pattern(down))
-		if err != nil || len(got) != sha256.Size+down || !bytes.Equal(got[:sha256.Size], want.Sum(nil)) || !bytes.Equal(got[sha256.Size:], pattern) {
-			t.Fatalf("via %s: got %d bytes, %v; want the upload's digest and %d bytes", e.store.Node(), len(got), err, down)
+		if err := digestVisit(dialTCP(t, e.Edge, port), up, down); err != nil {
+			t.Fatalf("via %s: %v", e.store.Node(), err)
 		}
 	}
 	for range 2 {

@@ -68,7 +68,19 @@ func dialTCP(t testing.TB, e *tunneltest.Edge, p int) *net.TCPConn {
 // and closes: each byte crosses as sent, and each half-close as made.
 func TestTCPTunnelHalfClosesBothWays(t *testing.T) {
 	const up, down = 3 << 20, 1 << 20
-	local := tunneltest.ServeConns(t, func(c net.Conn) {
+	e, port := startTCPTunnel(t, 2, digestService(t, down))
+	for round := range 3 { // each on a stream of its own
+		if err := digestVisit(dialTCP(t, e, port), up, down); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+	}
+}
+
+// digestService is a local service that speaks first ("banner\n"), reads
+// to the visitor's half-close, answers with the SHA-256 of what it read
+// and down bytes of the pattern, and closes.
+func digestService(t *testing.T, down int64) string {
+	return tunneltest.ServeConns(t, func(c net.Conn) {
 		c.SetDeadline(time.Now().Add(tcpDeadline))
 		io.WriteString(c, "banner\n")
 		h := sha256.New()
@@ -78,29 +90,28 @@ func TestTCPTunnelHalfClosesBothWays(t *testing.T) {
 		c.Write(h.Sum(nil))
 		io.Copy(c, tunneltest.Pattern(down))
 	})
-	e, port := startTCPTunnel(t, 2, local)
-	for round := range 3 { // each on a stream of its own
-		c := dialTCP(t, e, port)
-		banner := make([]byte, 7)
-		if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "banner\n" {
-			t.Fatalf("round %d: banner %q, %v", round, banner, err)
-		}
-		want := sha256.New()
-		if _, err := io.Copy(io.MultiWriter(c, want), tunneltest.Pattern(up)); err != nil {
-			t.Fatalf("round %d: upload: %v", round, err)
-		}
-		if err := c.CloseWrite(); err != nil {
-			t.Fatal(err)
-		}
-		got, err := io.ReadAll(c)
-		if err != nil {
-			t.Fatalf("round %d: after %d bytes: %v", round, len(got), err)
-		}
-		pattern, _ := io.ReadAll(tunneltest.Pattern(down))
-		if len(got) != sha256.Size+down || !bytes.Equal(got[:sha256.Size], want.Sum(nil)) || !bytes.Equal(got[sha256.Size:], pattern) {
-			t.Fatalf("round %d: got %d bytes, want the upload's digest and %d bytes of the pattern", round, len(got), down)
-		}
+}
+
+// digestVisit is a visitor of digestService on c: the banner, up bytes
+// sent and a half-close, then the digest and down bytes to the end.
+func digestVisit(c *net.TCPConn, up, down int64) error {
+	banner := make([]byte, 7)
+	if _, err := io.ReadFull(c, banner); err != nil || string(banner) != "banner\n" {
+		return fmt.Errorf("banner %q, %v", banner, err)
 	}
+	want := sha256.New()
+	if _, err := io.Copy(io.MultiWriter(c, want), tunneltest.Pattern(up)); err != nil {
+		return fmt.Errorf("upload: %w", err)
+	}
+	if err := c.CloseWrite(); err != nil {
+		return err
+	}
+	got, err := io.ReadAll(c)
+	pattern, _ := io.ReadAll(tunneltest.Pattern(down))
+	if err != nil || int64(len(got)) != sha256.Size+down || !bytes.Equal(got[:sha256.Size], want.Sum(nil)) || !bytes.Equal(got[sha256.Size:], pattern) {
+		return fmt.Errorf("got %d bytes, %v; want the upload's digest and %d bytes of the pattern", len(got), err, down)
+	}
+	return nil
 }
 
 // TestTCPServiceCloseEndsConnection: a local service that closes first

@@ -87,7 +87,7 @@ func TestInspectorInBrowser(t *testing.T) {
 	send("POST", "/grpc.Svc/Call", "application/grpc", "\x00\x00\x00\x00\x00", "Te", "trailers")
 	send("GET", "/bin", "", "")
 
-	ctx := browser(t, chromium)
+	ctx := tunneltest.Browser(t, chromium)
 	do := func(what string, actions ...chromedp.Action[chromedp.Void]) {
 		t.Helper()
 		if err := chromedp.Do(ctx, actions...); err != nil {
@@ -252,26 +252,6 @@ func listRedrawnOnlyOnChange(t *testing.T, ctx context.Context) {
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.redraws`)); err != nil || n != 0 {
 		t.Errorf("the list was drawn %d times while nothing changed, want 0 (%v)", n, err)
 	}
-}
-
-// browser starts headless Chromium for the test: as root, without its
-// sandbox, with an empty profile and none of its own network traffic.
-func browser(t *testing.T, path string) context.Context {
-	t.Helper()
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(path), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1400, 900),
-	}
-	actx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancel := chromedp.NewContext(actx)
-	tctx, cancelT := context.WithTimeout(ctx, 60*time.Second)
-	t.Cleanup(func() {
-		cancelT()
-		cancel()
-		cancelAlloc() // kills the browser and waits for it
-	})
-	return tctx
 }
 
 func inspectorList(t *testing.T, base string) []agent.Capture {

@@ -121,6 +121,15 @@ type Tunnel struct {
 	// VerifyWebhookSecret; a request that fails gets 403
 	// webhook_unverified. Empty checks nothing.
 	VerifyWebhook, VerifyWebhookSecret, VerifyWebhookHeader string
+	// OAuth has the edge let in only visitors signed in with the provider
+	// of that name (one the edge's operator configured) and, when any of
+	// the lists is set, whose email is in OAuthAllowEmail, whose domain is
+	// in OAuthAllowDomain, or who has a claim of OAuthAllowClaim
+	// ("groups=dev"); others get 403 oauth_denied. OAuthAllowPreflight lets
+	// CORS preflights through unsigned. Empty lets anyone in.
+	OAuth                                              string
+	OAuthAllowEmail, OAuthAllowDomain, OAuthAllowClaim []string
+	OAuthAllowPreflight                                bool
 	// RequestHeaderAdd ("Name: value") and RequestHeaderRemove (names) are
 	// applied to each request before it goes to the local service,
 	// ResponseHeaderAdd and ResponseHeaderRemove to each response before it
@@ -399,6 +408,13 @@ func (t Tunnel) validate() error {
 	if err := t.validateWebhook(); err != nil {
 		return err
 	}
+	if o := t.oauth(); o != nil {
+		if err := o.Validate(); err != nil {
+			return err
+		}
+	} else if len(t.OAuthAllowEmail)+len(t.OAuthAllowDomain)+len(t.OAuthAllowClaim) > 0 || t.OAuthAllowPreflight {
+		return errors.New("oauth-allow-*: give --oauth PROVIDER too")
+	}
 	if _, err := parseHeaderRules(t); err != nil {
 		return err
 	}
@@ -439,6 +455,8 @@ func (t Tunnel) validateRelay() error {
 		return fmt.Errorf("upstream-ca-file, upstream-insecure and upstream-protocol are HTTP's: a %s tunnel relays bytes as they are", what)
 	case t.VerifyWebhook != "" || t.VerifyWebhookSecret != "" || t.VerifyWebhookHeader != "":
 		return fmt.Errorf("verify-webhook is HTTP's: a %s tunnel relays bytes as they are", what)
+	case t.OAuth != "" || len(t.OAuthAllowEmail)+len(t.OAuthAllowDomain)+len(t.OAuthAllowClaim) > 0 || t.OAuthAllowPreflight:
+		return fmt.Errorf("oauth is HTTP's: a %s tunnel relays bytes as they are", what)
 	}
 	if err := t.validateName(); err != nil {
 		return err
@@ -481,6 +499,15 @@ func (t Tunnel) webhook() *mux.Webhook {
 		return nil
 	}
 	return &mux.Webhook{Provider: t.VerifyWebhook, Secret: t.VerifyWebhookSecret, Header: t.VerifyWebhookHeader}
+}
+
+// oauth is the sign-in the tunnel's bind asks of the edge; nil if none.
+func (t Tunnel) oauth() *mux.OAuth {
+	if t.OAuth == "" {
+		return nil
+	}
+	return &mux.OAuth{Provider: t.OAuth, AllowEmails: t.OAuthAllowEmail, AllowDomains: t.OAuthAllowDomain,
+		AllowClaims: t.OAuthAllowClaim, AllowPreflight: t.OAuthAllowPreflight}
 }
 
 // validatePrefixes checks the tunnel's visitor prefixes.

@@ -473,13 +473,15 @@ type apiTunnelConfig struct {
 	// VerifyWebhook is ngstone's own: the provider whose signatures the
 	// edge checks.
 	VerifyWebhook string `json:"verify_webhook,omitempty"`
+	// OAuth is the provider visitors sign in with at the edge.
+	OAuth string `json:"oauth,omitempty"`
 }
 
 func (in *Inspector) tunnels() []apiTunnel {
 	out := []apiTunnel{}
 	for _, t := range in.a.Status().Endpoints() {
 		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
-			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true, VerifyWebhook: t.VerifyWebhook}})
+			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth}})
 	}
 	return out
 }

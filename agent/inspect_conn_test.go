@@ -289,7 +289,7 @@ func TestInspectorConnInBrowser(t *testing.T) {
 	c := visitPort(t, e, port, 'c', up, down)
 	gone := connEntry(t, st.InspectURL, c.LocalAddr().String(), "closed", func(c agent.Capture) bool { return !c.Conn.Open })
 
-	ctx := browser(t, chromium)
+	ctx := tunneltest.Browser(t, chromium)
 	eval := func(js string) []string {
 		t.Helper()
 		v, err := chromedp.Run(ctx, chromedp.Evaluate[[]string](js))

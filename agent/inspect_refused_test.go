@@ -55,7 +55,7 @@ func TestInspectorRefusedInBrowser(t *testing.T) {
 		t.Fatalf("replay of a refused request: %d %s, want 409 saying the edge refused it", replay.StatusCode, why)
 	}
 
-	ctx := browser(t, chromium)
+	ctx := tunneltest.Browser(t, chromium)
 	sel := fmt.Sprintf(`#rows tr[data-id="%d"]`, refused.ID)
 	if err := chromedp.Do(ctx, chromedp.Navigate(st.InspectURL), chromedp.WaitVisible(chromedp.CSS(sel)),
 		chromedp.Click(chromedp.CSS(sel)), chromedp.WaitVisible(chromedp.ID("refused"))); err != nil {

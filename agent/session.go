@@ -403,7 +403,7 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 			continue
 		}
 		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
-		bind.Webhook = t.cfg.webhook()
+		bind.Webhook, bind.OAuth = t.cfg.webhook(), t.cfg.oauth()
 		switch {
 		case t.cfg.isTCP():
 			bind.Subdomain, bind.Proto, bind.Port, bind.Label = "", mux.ProtoTCP, port, t.cfg.label()
@@ -576,6 +576,9 @@ func (a *Agent) needs() map[string]string {
 		}
 		if t.cfg.VerifyWebhook != "" {
 			need[mux.FeatureWebhook] = "--verify-webhook"
+		}
+		if t.cfg.OAuth != "" {
+			need[mux.FeatureOAuth] = "--oauth"
 		}
 		switch t.cfg.Proto {
 		case ProtoTCP:

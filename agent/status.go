@@ -81,11 +81,13 @@ type TunnelStatus struct {
 	// VerifyWebhook is the provider whose signatures the edge checks
 	// (--verify-webhook); empty if none.
 	VerifyWebhook string
-	State         TunnelState
-	Hostname      string   // once bound
-	URL           string   // the first public URL, once bound
-	URLs          []string // every public URL of the binding
-	Generation    uint64
+	// OAuth is the provider visitors sign in with (--oauth); empty if none.
+	OAuth      string
+	State      TunnelState
+	Hostname   string   // once bound
+	URL        string   // the first public URL, once bound
+	URLs       []string // every public URL of the binding
+	Generation uint64
 	// Err is why the name was refused or lost; nil otherwise.
 	Err error
 	// EvictedReason is the reason the edge gave when it took the name away.
@@ -106,6 +108,8 @@ type Endpoint struct {
 	Local     string // the local service's URL
 	// VerifyWebhook is the tunnel's --verify-webhook provider, if any.
 	VerifyWebhook string
+	// OAuth is the tunnel's --oauth provider, if any.
+	OAuth string
 }
 
 // Endpoints lists the public URLs of the tunnels that hold their names,
@@ -126,7 +130,7 @@ func (s Status) Endpoints() []Endpoint {
 			if i > 0 {
 				name += " (" + proto + ")"
 			}
-			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local, VerifyWebhook: t.VerifyWebhook})
+			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth})
 		}
 	}
 	return out

@@ -73,7 +73,7 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	t.auth = newBasicAuth(cfg.BasicAuth)
 	t.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	t.hostHeader = hostHeader(cfg.HostHeader, local)
-	t.st = TunnelStatus{Name: t.name, Local: local.String(), VerifyWebhook: cfg.VerifyWebhook, State: TunnelConnecting}
+	t.st = TunnelStatus{Name: t.name, Local: local.String(), VerifyWebhook: cfg.VerifyWebhook, OAuth: cfg.OAuth, State: TunnelConnecting}
 	if cfg.relaysBytes() {
 		t.st.Local = local.Host
 	}

@@ -21,7 +21,8 @@ type Agent struct {
 // httpOnly are the agent's flags that only an HTTP tunnel has.
 var httpOnly = []string{"subdomain", "hostname", "request-header-add", "request-header-remove",
 	"response-header-add", "response-header-remove", "upstream-ca-file", "upstream-insecure",
-	"upstream-protocol", "host-header", "basic-auth", "verify-webhook", "verify-webhook-secret-file", "verify-webhook-header"}
+	"upstream-protocol", "host-header", "basic-auth", "verify-webhook", "verify-webhook-secret-file", "verify-webhook-header",
+	"oauth", "oauth-allow-email", "oauth-allow-domain", "oauth-allow-claim", "oauth-allow-preflight"}
 
 // NewTCPAgent registers the flags of `ngstone tcp` on fs: the agent's,
 // those only HTTP has hidden (a TCP tunnel refuses them).
@@ -67,6 +68,11 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.String("verify-webhook", "", "have the edge check each request's signature before it crosses: github, stripe, slack, or hmac (403 webhook_unverified)")
 	fs.String("verify-webhook-secret-file", "", "file holding the secret the webhook's sender signs with (for --verify-webhook)")
 	fs.String("verify-webhook-header", "", "for --verify-webhook hmac: the field that carries the body's HMAC-SHA256, hex or base64")
+	fs.String("oauth", "", "have the edge let in only visitors signed in with this provider, one its operator offers (e.g. google, github)")
+	fs.StringArray("oauth-allow-email", nil, "with --oauth: an address that may visit (repeatable; with no allow list, anyone signed in may)")
+	fs.StringArray("oauth-allow-domain", nil, "with --oauth: a domain whose addresses may visit, e.g. example.com (repeatable)")
+	fs.StringArray("oauth-allow-claim", nil, "with --oauth and an OIDC provider: a claim that lets its holders in, NAME=VALUE, e.g. groups=dev (repeatable)")
+	fs.Bool("oauth-allow-preflight", false, "with --oauth: let CORS preflights (OPTIONS with Origin) through without a sign-in")
 	fs.StringArray("request-header-add", nil, "header field added to requests to the local service, \"Name: value\" (repeatable)")
 	fs.StringArray("request-header-remove", nil, "header field removed from requests to the local service (repeatable)")
 	fs.StringArray("response-header-add", nil, "header field added to the local service's responses, \"Name: value\" (repeatable)")
@@ -206,6 +212,7 @@ func check(cfg agent.Config) error {
 var tunnelKeys = []string{
 	"subdomain", "hostname", "remote-port", "allow-cidr", "deny-cidr",
 	"verify-webhook", "verify-webhook-secret-file", "verify-webhook-header",
+	"oauth", "oauth-allow-email", "oauth-allow-domain", "oauth-allow-claim", "oauth-allow-preflight",
 	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
 	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
 	"basic-auth", "host-header", "proxy-protocol",
@@ -242,6 +249,16 @@ func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
 			}
 		case "verify-webhook-header":
 			t.VerifyWebhookHeader = l.string(key)
+		case "oauth":
+			t.OAuth = l.string(key)
+		case "oauth-allow-email":
+			t.OAuthAllowEmail = l.strings(key)
+		case "oauth-allow-domain":
+			t.OAuthAllowDomain = l.strings(key)
+		case "oauth-allow-claim":
+			t.OAuthAllowClaim = l.strings(key)
+		case "oauth-allow-preflight":
+			t.OAuthAllowPreflight = e.boolean(l, key)
 		case "request-header-add":
 			t.RequestHeaderAdd = l.wholeStrings(key)
 		case "request-header-remove":

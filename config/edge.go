@@ -68,9 +68,14 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 	fs.StringSlice("tcp-ports", nil, "public ports of TCP tunnels, PORT or LO-HI items (e.g. 20000-20999); the edge listens on each, on the host of https-addr (default: none, no TCP tunnels)")
 	fs.Duration("tcp-port-reserve", d.TCPPortReserve, "how long a TCP port stays kept for the token that held it after its release, so its next agent gets it back (0 keeps none)")
 	fs.Duration("tcp-idle-timeout", d.TCPIdleTimeout, "close a TCP tunnel's connection that carried no byte either way for this long")
+	fs.StringArray("oauth-provider", nil, "a sign-in provider agents may ask for with --oauth (repeatable: google, github, or an OIDC issuer's name); its settings are in the config file's oauth-providers: section")
+	fs.Duration("oauth-session-duration", d.OAuthSessionDuration, "how long a visitor's sign-in lasts")
+	fs.Duration("oauth-idle-timeout", d.OAuthIdleTimeout, "end a visitor's sign-in unused for this long")
 	clusterFlags(fs)
 	groupEdgeFlags(fs)
-	return &Edge{l: newLoader(fs)}
+	l := newLoader(fs)
+	l.sections = []string{"oauth-providers"}
+	return &Edge{l: l}
 }
 
 // groupEdgeFlags sorts the edge's flags into the sections of its --help;
@@ -78,7 +83,7 @@ func NewEdge(fs *pflag.FlagSet) *Edge {
 func groupEdgeFlags(fs *pflag.FlagSet) {
 	group(fs, "Visitors", "http-addr", "https-addr", "reserved-names", "tunnel-timeout", "read-header-timeout",
 		"idle-timeout", "shutdown-grace", "proxy-protocol", "proxy-protocol-from", "tcp-ports", "tcp-port-reserve",
-		"tcp-idle-timeout")
+		"tcp-idle-timeout", "oauth-provider", "oauth-session-duration", "oauth-idle-timeout")
 	group(fs, "TLS", "tls-mode", "tls-cert", "tls-key", "data-dir", "acme-ca", "acme-email", "acme-ca-root",
 		"dns-provider", "dns-credentials", "dns-resolvers", "dns-propagation-timeout", "on-demand",
 		"on-demand-rate-limit", "on-demand-rate-window", "acme-retry-base", "acme-retry-max")
@@ -159,6 +164,11 @@ func (c *Edge) Load() (edge.Config, Log, error) {
 	cfg.MaxResponseHead = int64(e.integer(l, "max-response-head"))
 	cfg.MaxRequestBody = int64(e.integer(l, "max-request-body"))
 	cfg.VerifyWebhookMaxBody = int64(e.integer(l, "verify-webhook-max-body"))
+	providers, err := oauthProviders(l.file, l.wholeStrings("oauth-provider"))
+	e.set(err)
+	cfg.OAuthProviders = providers
+	cfg.OAuthSessionDuration = e.dur(l, "oauth-session-duration")
+	cfg.OAuthIdleTimeout = e.dur(l, "oauth-idle-timeout")
 	cfg.ReadHeaderTimeout = e.dur(l, "read-header-timeout")
 	cfg.IdleTimeout = e.dur(l, "idle-timeout")
 	ports, err := mux.ParsePorts(l.strings("tcp-ports")...)

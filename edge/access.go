@@ -15,6 +15,7 @@ import (
 type visitorAccess struct {
 	allow, deny []netip.Prefix
 	webhook     *webhookCheck // --verify-webhook; nil: none
+	oauth       *oauthRule    // --oauth; nil: none
 }
 
 // parseAccess reads a bind's prefixes and webhook check; none at all is nil.
@@ -85,7 +86,10 @@ func (a *visitorAccess) String() string {
 		fmt.Fprintf(&b, "-%s ", p)
 	}
 	if a.webhook != nil {
-		b.WriteString(a.webhook.String())
+		b.WriteString(a.webhook.String() + " ")
+	}
+	if a.oauth != nil {
+		b.WriteString(a.oauth.String())
 	}
 	return strings.TrimSpace(b.String())
 }

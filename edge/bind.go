@@ -20,6 +20,19 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	if err != nil {
 		return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
 	}
+	if m.OAuth != nil {
+		rule, err := e.oauth.rule(m.OAuth)
+		if err == nil && m.Proto != "" {
+			err = fmt.Errorf("oauth is HTTP's: a %s tunnel relays bytes as they are", m.Proto)
+		}
+		if err != nil {
+			return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}
+		}
+		if access == nil {
+			access = &visitorAccess{}
+		}
+		access.oauth = rule
+	}
 	var opts *registry.Claim // what the claim adds to a name's
 	switch m.Proto {
 	case "":

@@ -326,12 +326,13 @@ func (t *routeTransport) forward(req *http.Request, rt route) (*http.Response, e
 		// The checks the owner makes of a forwarded request (clusterHandler)
 		// are this edge's now: the visitor's address (X-Forwarded-For,
 		// which this edge set), and a webhook's signature, whose body is
-		// unread and cannot be checked here: offline, as in a move.
+		// unread and cannot be checked here, or a sign-in, whose answer
+		// cannot be given now: offline, as in a move.
 		if ip, ok := visitorIP(req, true); !ok || !s.allows(rt.hostname, ip) {
 			t.e.metrics.limited(limitIPDenied)
 			return nil, errIPDenied
 		}
-		if s.webhook(rt.hostname) != nil {
+		if webhook, rule := s.checks(rt.hostname); webhook != nil || rule != nil {
 			return nil, errNoRoute
 		}
 		next := route{s: s, hostname: rt.hostname, generation: b.Generation, relay: rt.relay}
@@ -448,7 +449,7 @@ func (e *Edge) clusterHandler() http.Handler {
 			// the first edge then never sends the body.
 			w.WriteHeader(http.StatusContinue)
 		}
-		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen, relay: relay}, e.clusterProxy)
+		e.serveRoute(w, r, route{s: s, hostname: host, generation: gen, relay: relay, forwarded: true}, e.clusterProxy)
 	})
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/ngstone/ngstone/certs"
@@ -95,6 +96,16 @@ type Config struct {
 	// tunnel's webhook signature (403 webhook_unverified past it). Zero
 	// means 10 MiB.
 	VerifyWebhookMaxBody int64
+	// OAuthProviders are the sign-in providers agents may name (--oauth);
+	// none means a bind with OAuth is refused. The callback host is
+	// auth.DOMAIN, which ReservedNames must hold.
+	OAuthProviders []OAuthProvider
+	// OAuthSessionDuration bounds a visitor's sign-in; OAuthIdleTimeout
+	// ends one unused for that long. Zero means 24h and 2h.
+	OAuthSessionDuration, OAuthIdleTimeout time.Duration
+	// OAuthKey (32 bytes) seals sign-in cookies. Nil derives it from the
+	// cluster key, or keeps one in the data dir (oauth.key).
+	OAuthKey []byte `json:"-"`
 	// ReservedNames cannot be bound. Nil means mux.DefaultReserved;
 	// an empty non-nil slice reserves nothing.
 	ReservedNames []string
@@ -180,6 +191,8 @@ func DefaultConfig() Config {
 		ReadTimeout:          60 * time.Second,
 		MaxResponseHead:      mux.MaxResponseHead,
 		VerifyWebhookMaxBody: 10 << 20,
+		OAuthSessionDuration: 24 * time.Hour,
+		OAuthIdleTimeout:     2 * time.Hour,
 	}
 }
 
@@ -194,6 +207,7 @@ func (c Config) withDefaults() Config {
 		{&c.AuthFailureWindow, &d.AuthFailureWindow}, {&c.WriteTimeout, &d.WriteTimeout},
 		{&c.ReadTimeout, &d.ReadTimeout}, {&c.IdleStreamTimeout, &d.IdleStreamTimeout},
 		{&c.TCPIdleTimeout, &d.TCPIdleTimeout},
+		{&c.OAuthSessionDuration, &d.OAuthSessionDuration}, {&c.OAuthIdleTimeout, &d.OAuthIdleTimeout},
 	} {
 		if *f.v <= 0 {
 			*f.v = *f.def
@@ -268,6 +282,28 @@ func (c Config) Validate() error {
 		if err := mux.ValidateSubdomain(n, nil); err != nil {
 			return fmt.Errorf("reserved-names %q: %v", n, err)
 		}
+	}
+	return c.validateOAuth()
+}
+
+// validateOAuth checks the sign-in providers: each valid, each name once,
+// and the callback host reserved, so that no agent can bind it.
+func (c Config) validateOAuth() error {
+	seen := map[string]bool{}
+	for _, p := range c.OAuthProviders {
+		if err := p.validate(); err != nil {
+			return err
+		}
+		if seen[p.Name] {
+			return fmt.Errorf("oauth-provider %s: named twice", p.Name)
+		}
+		seen[p.Name] = true
+	}
+	if len(c.OAuthProviders) > 0 && !slices.Contains(c.ReservedNames, oauthHost) {
+		return fmt.Errorf("oauth-provider: keep %q in reserved-names: %s.%s is where providers send visitors back", oauthHost, oauthHost, c.Domain)
+	}
+	if c.OAuthKey != nil && len(c.OAuthKey) != 32 {
+		return fmt.Errorf("oauth key: want 32 bytes, have %d", len(c.OAuthKey))
 	}
 	return nil
 }

@@ -56,6 +56,7 @@ type Edge struct {
 	// the --tokens-file entries. Empty means an open edge.
 	policies []*TokenPolicy
 	auth     *authLimiter
+	oauth    *oauth // nil: no sign-in providers
 
 	nextSession atomic.Uint64
 
@@ -118,6 +119,9 @@ func New(cfg Config, log *slog.Logger) (*Edge, error) {
 		return nil, err
 	}
 	e.certs = m
+	if e.oauth, err = newOAuth(cfg); err != nil {
+		return nil, err
+	}
 	e.proxy = e.newProxy(false)
 	e.metrics = newMetrics(e)
 	return e, nil
@@ -445,6 +449,7 @@ func (e *Edge) Close() error {
 		for _, s := range sessions {
 			s.close()
 		}
+		e.oauth.close()
 		e.wg.Wait()
 		if e.persist != nil {
 			// The bindings outlive the process: after a restart, their
@@ -496,7 +501,7 @@ func (e *Edge) certPolicy(ctx context.Context, host string) error {
 	if err != nil {
 		return err
 	}
-	if host == e.cfg.Domain {
+	if host == e.cfg.Domain || e.oauth != nil && host == oauthHost+"."+e.cfg.Domain {
 		return nil
 	}
 	b, ok, err := e.store.Get(ctx, host)

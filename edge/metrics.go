@@ -38,6 +38,7 @@ type metrics struct {
 	acceptErrs  *prometheus.CounterVec // listener
 	tcpConns    *prometheus.CounterVec // result
 	webhooks    *prometheus.CounterVec // provider
+	oauth       *prometheus.CounterVec // provider, result
 	tcpBytes    *prometheus.CounterVec // direction
 
 	// classes caches, by status/100, the children a request ends in, so
@@ -143,7 +144,11 @@ func newMetrics(e *Edge) *metrics {
 		Name: "ngstone_webhook_unverified_total",
 		Help: "Requests refused (403 webhook_unverified) because their signature did not verify, by the tunnel's --verify-webhook provider.",
 	}, []string{"provider"})
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes, m.webhooks)
+	m.oauth = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_oauth_total",
+		Help: "Sign-ins at the edge, by the tunnel's --oauth provider and result: signed_in, denied (403 oauth_denied), required (401 oauth_required), failed (oauth_failed).",
+	}, []string{"provider", "result"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes, m.webhooks, m.oauth)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),

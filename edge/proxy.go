@@ -35,6 +35,8 @@ type route struct {
 	// relay: a TCP or TLS passthrough connection, whose idle bound is
 	// the first edge's (TCPIdleTimeout), not ReadTimeout.
 	relay bool
+	// forwarded: a request another edge of the cluster forwarded.
+	forwarded bool
 }
 
 type routeKey struct{}
@@ -56,6 +58,10 @@ func (e *Edge) visitorHandler() http.Handler {
 		host, code := e.checkVisitor(r)
 		if code != "" {
 			mux.WriteVisitorErrorFor(w, r, code, host)
+			return
+		}
+		if e.oauth != nil && host == oauthHost+"."+e.cfg.Domain {
+			e.oauthCallback(w, r)
 			return
 		}
 		if max := e.cfg.MaxRequestBody; max > 0 {
@@ -167,7 +173,13 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 	vw, r, done := e.visitorTimeouts(w, r, !rt.relay)
 	defer done()
 	if rt.s != nil && !rt.relay {
-		if c := rt.s.webhook(rt.hostname); c != nil && !e.verifyWebhook(vw, r, rt, c) {
+		webhook, rule := rt.s.checks(rt.hostname)
+		if rule != nil {
+			if r = e.signedIn(vw, r, rt, rule); r == nil {
+				return
+			}
+		}
+		if webhook != nil && !e.verifyWebhook(vw, r, rt, webhook) {
 			return
 		}
 	}
@@ -253,6 +265,13 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 	// The edge's own server answers Expect: 100-continue when the body
 	// is read; the field does not cross (nor does the cluster's own).
 	out.Header.Del("Expect")
+	if id, _ := in.Context().Value(identityKey{}).(*identity); id != nil {
+		// Who signed in at the edge (the visitor's own were dropped).
+		out.Header.Set(HeaderAuthSubject, id.Subject)
+		if id.Email != "" {
+			out.Header.Set(HeaderAuthEmail, id.Email)
+		}
+	}
 	out.URL.Scheme, out.URL.Host = "http", "ngstone"
 	out.Host = in.Host
 	if rt, _ := in.Context().Value(routeKey{}).(route); rt.relay {

@@ -259,7 +259,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS, mux.FeatureWebhook}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS, mux.FeatureWebhook, mux.FeatureOAuth}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -446,14 +446,14 @@ func (s *session) tellRefused(m *mux.Refused) {
 	}
 }
 
-// webhook is hostname's --verify-webhook check; nil if none.
-func (s *session) webhook(hostname string) *webhookCheck {
+// checks are hostname's --verify-webhook check and OAuth rule; nil if none.
+func (s *session) checks(hostname string) (*webhookCheck, *oauthRule) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if a := s.access[hostname]; a != nil {
-		return a.webhook
+		return a.webhook, a.oauth
 	}
-	return nil
+	return nil, nil
 }
 
 // fence takes hostname from the session up to generation gen: a binding at

@@ -79,6 +79,9 @@ const (
 	// FeatureWebhook: bind takes Webhook, and the edge refuses requests
 	// whose signature it does not verify (403 webhook_unverified).
 	FeatureWebhook = "verify-webhook"
+	// FeatureOAuth: bind takes OAuth, and the edge lets in only visitors
+	// signed in with the named provider and on the allow lists.
+	FeatureOAuth = "oauth"
 	// "spare-stream" was listed by edges that took a stream the agent
 	// opened in advance for large uploads; the streams of exchanges now
 	// stay open, and an agent opens none.
@@ -112,6 +115,66 @@ type Bind struct {
 	// Webhook has the edge verify each request's signature before it
 	// crosses the tunnel (FeatureWebhook).
 	Webhook *Webhook `json:"verify_webhook,omitempty"`
+	// OAuth has the edge sign visitors in before a request crosses the
+	// tunnel (FeatureOAuth).
+	OAuth *OAuth `json:"oauth,omitempty"`
+}
+
+// OAuth is who may visit a tunnel: visitors signed in with Provider, one
+// the edge's operator configured, whose email is in AllowEmails, or whose
+// domain is in AllowDomains, or who has a claim of AllowClaims
+// ("groups=dev"); with no list at all, anyone signed in. AllowPreflight
+// lets CORS preflights (OPTIONS with Origin) through unsigned.
+type OAuth struct {
+	Provider       string   `json:"provider"`
+	AllowEmails    []string `json:"allow_emails,omitempty"`
+	AllowDomains   []string `json:"allow_domains,omitempty"`
+	AllowClaims    []string `json:"allow_claims,omitempty"`
+	AllowPreflight bool     `json:"allow_preflight,omitempty"`
+}
+
+// MaxOAuthRules bounds the entries of an OAuth's allow lists together.
+const MaxOAuthRules = 1024
+
+// Validate reports the first field of o that an edge refuses, in the
+// agent's flags' words. Whether the edge offers Provider only it knows.
+func (o *OAuth) Validate() error {
+	if !ValidProviderName(o.Provider) {
+		return fmt.Errorf("oauth %q: a provider's name is 1 to 63 of a-z 0-9 - _", o.Provider)
+	}
+	if len(o.AllowEmails)+len(o.AllowDomains)+len(o.AllowClaims) > MaxOAuthRules {
+		return fmt.Errorf("oauth-allow-*: at most %d entries together", MaxOAuthRules)
+	}
+	for _, e := range o.AllowEmails {
+		if local, domain, ok := strings.Cut(e, "@"); !ok || local == "" || domain == "" || strings.ContainsAny(e, " \t\r\n") {
+			return fmt.Errorf("oauth-allow-email %q: want an address, name@domain", e)
+		}
+	}
+	for _, d := range o.AllowDomains {
+		if d == "" || strings.ContainsAny(d, "@ \t\r\n") {
+			return fmt.Errorf("oauth-allow-domain %q: want a domain, e.g. example.com", d)
+		}
+	}
+	for _, c := range o.AllowClaims {
+		if k, v, ok := strings.Cut(c, "="); !ok || k == "" || v == "" {
+			return fmt.Errorf("oauth-allow-claim %q: want NAME=VALUE, e.g. groups=dev", c)
+		}
+	}
+	return nil
+}
+
+// ValidProviderName reports whether s is a sign-in provider's name as an
+// operator configures it: 1 to 63 of a-z 0-9 - _.
+func ValidProviderName(s string) bool {
+	if s == "" || len(s) > 63 {
+		return false
+	}
+	for _, c := range s {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // Webhook is how a tunnel's requests are signed: Provider "github",

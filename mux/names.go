@@ -9,8 +9,8 @@ import (
 )
 
 // DefaultReserved are the names no agent may bind unless the operator
-// configures another list.
-var DefaultReserved = []string{"www", "api", "admin", "edge", "mail"}
+// configures another list; auth is the sign-in callback host (--oauth-provider).
+var DefaultReserved = []string{"www", "api", "admin", "edge", "mail", "auth"}
 
 // Sentinel errors of name validation.
 var (

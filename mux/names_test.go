@@ -59,7 +59,7 @@ func TestValidateSubdomainReservedList(t *testing.T) {
 	if err := mux.ValidateSubdomain("staging", []string{"staging"}); !errors.Is(err, mux.ErrReservedName) {
 		t.Fatalf("an operator's reserved name: %v", err)
 	}
-	want := []string{"www", "api", "admin", "edge", "mail"}
+	want := []string{"www", "api", "admin", "edge", "mail", "auth"}
 	if !slices.Equal(mux.DefaultReserved, want) {
 		t.Fatalf("DefaultReserved = %v, want %v", mux.DefaultReserved, want)
 	}

@@ -34,6 +34,9 @@ const (
 	CodeVisitorLimit        = "visitor_limit"
 	CodeIPDenied            = "ip_denied"
 	CodeWebhookUnverified   = "webhook_unverified"
+	CodeOAuthRequired       = "oauth_required"
+	CodeOAuthDenied         = "oauth_denied"
+	CodeOAuthFailed         = "oauth_failed"
 )
 
 // visitorErrors maps each visitor error code to its status and a sentence
@@ -60,6 +63,9 @@ var visitorErrors = map[string]struct {
 	CodeVisitorLimit:        {http.StatusTooManyRequests, "this address has too many requests in flight to %s; retry shortly"},
 	CodeIPDenied:            {http.StatusForbidden, "%s lets in only the visitor addresses its agent allows, and not this one"},
 	CodeWebhookUnverified:   {http.StatusForbidden, "%s takes only webhooks signed with its secret, and this request's signature did not verify"},
+	CodeOAuthRequired:       {http.StatusUnauthorized, "%s lets in only visitors signed in with its provider: open it in a browser to sign in"},
+	CodeOAuthDenied:         {http.StatusForbidden, "%s lets in only the visitors its agent allows, and the one signed in is not one of them"},
+	CodeOAuthFailed:         {http.StatusBadRequest, "the sign-in for %s did not complete: open the tunnel's address again to start over"},
 }
 
 // VisitorStatus returns the HTTP status of a visitor error code (502 for an
@@ -89,6 +95,9 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	case http.StatusMethodNotAllowed:
 		h.Set("Allow", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS")
 	case http.StatusUnauthorized:
+		if code != CodeBasicAuthRequired {
+			break // a browser signs in by the provider's page, not a prompt
+		}
 		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}
 	w.WriteHeader(e.status)

@@ -27,6 +27,9 @@ func TestWriteVisitorError(t *testing.T) {
 		CodeVisitorLimit:        429,
 		CodeIPDenied:            403,
 		CodeWebhookUnverified:   403,
+		CodeOAuthRequired:       401,
+		CodeOAuthDenied:         403,
+		CodeOAuthFailed:         400,
 	}
 	if len(tests) != len(visitorErrors) {
 		t.Fatalf("the test pins %d codes, visitorErrors has %d", len(tests), len(visitorErrors))

@@ -239,6 +239,9 @@ func (m *consoleModel) render() string {
 		if t.VerifyWebhook != "" {
 			line += styleDim.Render(" (" + t.VerifyWebhook + " webhooks only)")
 		}
+		if t.OAuth != "" {
+			line += styleDim.Render(" (" + t.OAuth + " sign-in)")
+		}
 		if len(st.Tunnels) > 1 {
 			line = t.Tunnel + ": " + line
 		}

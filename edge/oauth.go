@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -61,6 +62,9 @@ const (
 	usedNonces = 1 << 16
 	// maxCookie bounds the session cookie's value, within a browser's 4 KiB.
 	maxCookie = 3800
+	// maxReturnPath bounds the path a sign-in returns to, sealed in the
+	// state and the handoff (each read up to maxSealed).
+	maxReturnPath = 1024
 )
 
 // Sealed kinds.
@@ -245,6 +249,9 @@ func (e *Edge) signedIn(w http.ResponseWriter, r *http.Request, rt route, rule *
 	state := cookieValue(r, stateCookie)
 	sess, sessErr := o.session(r, host, rule, now)
 	dropCookies(r.Header, sessionCookie, stateCookie)
+	if strings.Contains(r.Header.Get("Referer"), oauthCallbackPath) {
+		r.Header.Del("Referer") // it would carry the handoff's code on
+	}
 	switch r.URL.Path {
 	case oauthCallbackPath:
 		e.oauthHandoff(w, r, host, state, now)
@@ -324,8 +331,12 @@ func (e *Edge) oauthStart(w http.ResponseWriter, r *http.Request, rt route, rule
 		e.oauthFailed(w, r, rt.hostname, p.cfg.Name, http.StatusBadGateway, "the provider "+p.cfg.Name+" could not be reached", err)
 		return
 	}
+	path := r.URL.RequestURI()
+	if len(path) > maxReturnPath {
+		path = "/" // the state and the handoff stay within maxSealed
+	}
 	st := oauthState{
-		Origin: "https://" + rt.hostname + port, Host: rt.hostname, Path: r.URL.RequestURI(), Provider: p.cfg.Name,
+		Origin: "https://" + rt.hostname + port, Host: rt.hostname, Path: path, Provider: p.cfg.Name,
 		Verifier: oauth2.GenerateVerifier(), Nonce: randomToken(), Claims: rule.claimNames(), Expires: now.Add(stateLifetime).Unix(),
 	}
 	sealed, err := o.seal.seal(sealState, st)
@@ -513,7 +524,7 @@ func dropCookies(h http.Header, names ...string) {
 		var kept []string
 		for part := range strings.SplitSeq(v, ";") {
 			name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
-			if !slices.Contains(names, name) {
+			if !slices.Contains(names, strings.TrimSpace(name)) {
 				kept = append(kept, strings.TrimSpace(part))
 			}
 		}
@@ -539,10 +550,11 @@ func localPath(p string) string {
 
 // hostPort is the ":PORT" of a Host field, or "".
 func hostPort(hostField string) string {
-	if _, port, err := net.SplitHostPort(hostField); err == nil && port != "" && port != "443" {
-		return ":" + port
+	_, port, err := net.SplitHostPort(hostField)
+	if n, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || n == 0 || n == 443 || port[0] == '0' {
+		return ""
 	}
-	return ""
+	return ":" + port
 }
 
 // httpsPort is ":PORT" of the HTTPS listener, or "" for 443.

@@ -183,7 +183,7 @@ func TestOAuthSignIn(t *testing.T) {
 	})
 	t.Run("NotGETWithoutSession", func(t *testing.T) {
 		a := oauthDo(t, visitor(t, e, false), "POST", oauthURL(e, "app", "/api"))
-		if a.status != 401 || a.code != mux.CodeOAuthRequired || a.header.Get("WWW-Authenticate") != "" {
+		if a.status != 401 || a.code != mux.CodeOAuthRequired || !strings.HasPrefix(a.header.Get("WWW-Authenticate"), "Ngstone-Sign-In ") {
 			t.Fatalf("%d %q %q, want 401 oauth_required without a password prompt", a.status, a.code, a.header.Get("WWW-Authenticate"))
 		}
 	})

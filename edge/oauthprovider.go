@@ -191,7 +191,9 @@ func (p *provider) exchange(ctx context.Context, c *oauth2.Config, code, verifie
 		}
 	}
 	id := identity{Subject: idt.Subject, Claims: map[string][]string{}}
-	if email, _ := claims["email"].(string); email != "" && claims["email_verified"] != false {
+	// An address counts only if the issuer says it verified it (some
+	// send the string): one it does not vouch for may be anyone's.
+	if email, _ := claims["email"].(string); email != "" && (claims["email_verified"] == true || claims["email_verified"] == "true") {
 		id.Email = email
 	}
 	for _, k := range keep {

@@ -176,6 +176,7 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 		webhook, rule := rt.s.checks(rt.hostname)
 		if rule != nil {
 			if r = e.signedIn(vw, r, rt, rule); r == nil {
+				vw.start() // a bodiless answer (HEAD's redirect): its status goes now
 				return
 			}
 		}

@@ -95,8 +95,11 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 	case http.StatusMethodNotAllowed:
 		h.Set("Allow", "GET, HEAD, POST, PUT, DELETE, PATCH, OPTIONS")
 	case http.StatusUnauthorized:
-		if code != CodeBasicAuthRequired {
-			break // a browser signs in by the provider's page, not a prompt
+		if code == CodeOAuthRequired {
+			// A scheme of ngstone's own: a browser signs in at the
+			// provider's page, and prompts for no password.
+			h.Set("WWW-Authenticate", `Ngstone-Sign-In realm="ngstone"`)
+			break
 		}
 		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}

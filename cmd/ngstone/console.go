@@ -273,7 +273,8 @@ func (m *consoleModel) render() string {
 		top = append(top, "", styleHead.Render("Messages"))
 		top = append(top, ev...)
 	}
-	top = append(top, "", styleHead.Render("HTTP Requests"), styleDim.Render(strings.Repeat("-", 13)))
+	head := requestsHeading(endpoints)
+	top = append(top, "", styleHead.Render(head), styleDim.Render(strings.Repeat("-", len(head))))
 	lines := append(top, m.requests(m.height-len(top)-1)...)
 	for i, l := range lines {
 		lines[i] = ansi.Truncate(l, m.width, "…")
@@ -286,6 +287,26 @@ func (m *consoleModel) render() string {
 		lines = append(lines, "")
 	}
 	return strings.Join(lines, "\n")
+}
+
+// requestsHeading names what the list under it shows: ngrok's "HTTP
+// Requests", "Connections" for TCP and TLS tunnels only, or both.
+func requestsHeading(endpoints []agent.Endpoint) string {
+	var http, relay bool
+	for _, e := range endpoints {
+		if e.Proto == "tcp" || e.Proto == "tls" {
+			relay = true
+		} else {
+			http = true
+		}
+	}
+	switch {
+	case relay && http:
+		return "Requests and Connections"
+	case relay:
+		return "Connections"
+	}
+	return "HTTP Requests"
 }
 
 // takenBy names the agent that took a name over, as far as the edge said:

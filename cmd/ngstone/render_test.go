@@ -87,3 +87,19 @@ func TestConsoleEvictedBy(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleRequestsHeading: the list's heading says what it lists: HTTP
+// requests, a TCP or TLS tunnel's connections, or both.
+func TestConsoleRequestsHeading(t *testing.T) {
+	for want, urls := range map[string][]string{
+		"HTTP Requests":            {"https://a.example.com", "http://a.example.com"},
+		"Connections":              {"tcp://example.com:20022"},
+		"Requests and Connections": {"https://a.example.com", "tls://b.example.com"},
+	} {
+		st := agent.Status{State: agent.StateOnline, Tunnels: []agent.TunnelStatus{{Name: "t", State: agent.TunnelOnline, URLs: urls}}}
+		m := &consoleModel{view: newConsoleView("v1", newEventLog(consoleEvents), time.Second, false), width: 120, height: 40, now: time.Now(), st: st}
+		if s := ansi.Strip(m.render()); !strings.Contains(s, "\n"+want+"\n") {
+			t.Errorf("%v: no %q heading in\n%s", urls, want, s)
+		}
+	}
+}

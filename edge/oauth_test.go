@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -60,14 +61,14 @@ func whoService(t *testing.T) string {
 }
 
 // oauthTunnel binds name on e with --oauth corp and the settings mod makes.
-func oauthTunnel(t *testing.T, e *tunneltest.Edge, local, name string, mod func(*agent.Config)) {
+func oauthTunnel(t *testing.T, e *tunneltest.Edge, local, name string, mod func(*agent.Config)) agent.Status {
 	t.Helper()
 	cfg := e.AgentConfig("", local)
 	cfg.Subdomain, cfg.OAuth = name, "corp"
 	if mod != nil {
 		mod(&cfg)
 	}
-	tunneltest.StartAgent(t, cfg).WaitOnline(t)
+	return tunneltest.StartAgent(t, cfg).WaitOnline(t)
 }
 
 // visitor is a browser-like client: a cookie jar, every *.test name
@@ -139,6 +140,21 @@ func sessionCookie(t *testing.T, c *http.Client, u string) string {
 	return ""
 }
 
+// inspectorCaptures lists what an agent's inspector at base kept.
+func inspectorCaptures(t *testing.T, base string) []agent.Capture {
+	t.Helper()
+	resp, err := http.Get(base + "/api/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []agent.Capture
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	return list
+}
+
 // toProvider reports whether a is the edge sending a visitor to sign in.
 func toProvider(m *mockoidc.MockOIDC, a oauthAnswer) bool {
 	return a.status == http.StatusFound && strings.HasPrefix(a.location, m.Issuer())
@@ -153,7 +169,7 @@ func TestOAuthSignIn(t *testing.T) {
 	m := startOIDC(t)
 	e := oauthEdge(t, m, nil)
 	local := whoService(t)
-	oauthTunnel(t, e, local, "app", func(c *agent.Config) { c.OAuthAllowDomain = []string{"example.com"} })
+	app := oauthTunnel(t, e, local, "app", func(c *agent.Config) { c.OAuthAllowDomain = []string{"example.com"} })
 	oauthTunnel(t, e, local, "grp", func(c *agent.Config) { c.OAuthAllowClaim = []string{"groups=dev"} })
 	oauthTunnel(t, e, local, "open", nil)
 	plain := e.AgentConfig("", local)
@@ -193,6 +209,15 @@ func TestOAuthSignIn(t *testing.T) {
 		if a.status != 403 || a.code != mux.CodeOAuthDenied || !strings.Contains(a.body, "bob@other.test") || !strings.Contains(a.body, "/.ngstone/logout") {
 			t.Fatalf("%d %q %q, want 403 oauth_denied naming bob and how to sign out", a.status, a.code, a.body)
 		}
+		// The agent's inspector lists the refusal, and who it was.
+		tunneltest.Eventually(t, 5*time.Second, "the inspector to list bob's refusal", func() bool {
+			for _, c := range inspectorCaptures(t, app.InspectURL) {
+				if c.Refused == "signed in as bob@other.test" && c.Status == 403 && c.Code == mux.CodeOAuthDenied {
+					return true
+				}
+			}
+			return false
+		})
 	})
 	t.Run("claim", func(t *testing.T) {
 		m.QueueUser(&mockoidc.MockUser{Subject: "c-1", Email: "carol@other.test", EmailVerified: true, Groups: []string{"ops", "dev"}})

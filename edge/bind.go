@@ -22,8 +22,14 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	}
 	if m.OAuth != nil {
 		rule, err := e.oauth.rule(m.OAuth)
-		if err == nil && m.Proto != "" {
+		switch {
+		case err != nil:
+		case m.Proto != "":
 			err = fmt.Errorf("oauth is HTTP's: a %s tunnel relays bytes as they are", m.Proto)
+		case e.cfg.HTTPSAddr == "":
+			// The session cookie is Secure: over plain HTTP a visitor
+			// could never keep one.
+			err = errors.New("oauth: this edge serves no HTTPS (--https-addr), which a sign-in needs")
 		}
 		if err != nil {
 			return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: err.Error()}

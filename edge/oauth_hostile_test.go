@@ -29,6 +29,18 @@ import (
 // Attacks on the edge's sign-in by a hostile visitor, agent and local
 // service, beyond oauth_test.go's.
 
+// oauthApp starts a provider, an edge that signs visitors in with it and
+// tunnel name behind sign-in (mod changes its agent's config) to a
+// dumpService, whose count of requests it returns.
+func oauthApp(t *testing.T, name string, mod func(*agent.Config)) (*mockoidc.MockOIDC, *tunneltest.Edge, *atomic.Int64) {
+	t.Helper()
+	m := startOIDC(t)
+	e := oauthEdge(t, m, nil)
+	local, hits := dumpService(t)
+	oauthTunnel(t, e, local, name, mod)
+	return m, e, hits
+}
+
 // dumpService answers with everything it received (head, body read, then
 // trailers) and counts the requests that reached it.
 func dumpService(t *testing.T) (string, *atomic.Int64) {
@@ -138,10 +150,7 @@ func alice() *mockoidc.MockUser {
 // sees the session's value, nor the state cookie. Spellings net/http does
 // not read as the session are no session (a sign-in).
 func TestOAuthHostileCookieSpellings(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	v := signIn(t, m, e, "app", alice())
 	const name = "__Host-ngstone-session"
 	for _, c := range []struct {
@@ -193,10 +202,7 @@ func TestOAuthHostileCookieSpellings(t *testing.T) {
 // TestOAuthHostileIdentityFields: a signed-in visitor's own identity
 // fields, in '_' spellings or as trailers, never reach the local service.
 func TestOAuthHostileIdentityFields(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	v := signIn(t, m, e, "app", alice())
 	for _, h2 := range []bool{false, true} {
 		req, _ := http.NewRequest("POST", oauthURL(e, "app", "/"), io.NopCloser(strings.NewReader("body")))
@@ -226,10 +232,7 @@ func TestOAuthHostileIdentityFields(t *testing.T) {
 // (whatever it is called), GET and HEAD are sent to sign in, over HTTP/1.1,
 // HTTP/2 and plain HTTP, and so is a WebSocket upgrade.
 func TestOAuthHostileNoSessionNeverCrosses(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, hits := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, hits := oauthApp(t, "app", nil)
 	forged := []string{edge.HeaderAuthEmail, "root@example.com", "Cookie", "__Host-ngstone-session=junk; __Host-ngstone-state=x"}
 	for _, h2 := range []bool{false, true} {
 		c := bareClient(t, e, h2)
@@ -283,10 +286,7 @@ func TestOAuthHostileNoSessionNeverCrosses(t *testing.T) {
 // TestOAuthHostileHEAD: a HEAD without a session is sent to sign in with
 // a 302, as a GET is, not a 200 that looks like the tunnel's answer.
 func TestOAuthHostileHEAD(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, hits := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, hits := oauthApp(t, "app", nil)
 	for _, h2 := range []bool{false, true} {
 		if a, _ := do(t, bareClient(t, e, h2), "HEAD", oauthURL(e, "app", "/x"), nil); !toProvider(m, a) {
 			t.Errorf("h2=%v HEAD: %d %q, want 302 to the provider", h2, a.status, a.location)
@@ -377,10 +377,7 @@ func TestOAuthHostilePlainTunnel(t *testing.T) {
 // is 400 oauth_failed; the provider's error is shown escaped; an answer
 // without a code is no sign-in.
 func TestOAuthHostileCallbackHost(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	c := bareClient(t, e, false)
 	cb := oauthURL(e, "auth", "/.ngstone/oauth/callback")
 	for _, r := range []struct{ method, path string }{
@@ -512,10 +509,7 @@ func TestOAuthHostileHandoffElsewhere(t *testing.T) {
 // TestOAuthHostileConcurrentReplay: the provider's answer and the handoff
 // replayed at once, many times: exactly one of each goes through.
 func TestOAuthHostileConcurrentReplay(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	eve := visitor(t, e, false)
 	start := stepStart(t, m, e, eve, "app")
 	m.QueueUser(alice())
@@ -616,6 +610,12 @@ func TestOAuthHostileAgentBinds(t *testing.T) {
 	if be, ok := raw2.Bind(t, &mux.Bind{Subdomain: "x", OAuth: &mux.OAuth{Provider: "corp"}}).(*mux.BindError); !ok || be.Code != mux.CodeBadRequest {
 		t.Errorf("oauth on an edge without providers: %+v", be)
 	}
+	// Nor does one without HTTPS, whose visitors could keep no session.
+	noTLS := oauthEdge(t, m, func(c *edge.Config) { c.HTTPSAddr = "" })
+	raw3, _ := noTLS.DialRaw(t, hello(""))
+	if be, ok := raw3.Bind(t, &mux.Bind{Subdomain: "x", OAuth: &mux.OAuth{Provider: "corp"}}).(*mux.BindError); !ok || be.Code != mux.CodeBadRequest || !strings.Contains(be.Message, "HTTPS") {
+		t.Errorf("oauth on an edge without HTTPS: %+v", be)
+	}
 }
 
 // TestOAuthHostileProviderSwap: the same name bound again with another of
@@ -653,10 +653,7 @@ func TestOAuthHostileProviderSwap(t *testing.T) {
 // TestOAuthHostileLongDeepLink: a visitor who opens a deep link with a
 // long query (an app's own state, ~3 KB) can still sign in.
 func TestOAuthHostileLongDeepLink(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	m.QueueUser(alice())
 	path := "/deep?q=" + strings.Repeat("x", 3000)
 	a := oauthDo(t, visitor(t, e, true), "GET", oauthURL(e, "app", path))
@@ -668,10 +665,7 @@ func TestOAuthHostileLongDeepLink(t *testing.T) {
 // TestOAuthHostileHostPort: a visitor's Host with a port that is no port
 // does not make the edge name another place as the callback.
 func TestOAuthHostileHostPort(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", nil)
+	m, e, _ := oauthApp(t, "app", nil)
 	p := port(e, "https")
 	// The Host's port when it is one (an edge behind a port map), else none.
 	want := []string{"https://auth." + tunneltest.Domain + ":" + p + "/.ngstone/oauth/callback", "https://auth." + tunneltest.Domain + "/.ngstone/oauth/callback"}
@@ -724,10 +718,7 @@ func (c rawClaims) MarshalJSON() ([]byte, error) {
 // TestOAuthHostileUnverifiedEmail: an address the provider does not say
 // it verified is no address for the allow list, nor for the local service.
 func TestOAuthHostileUnverifiedEmail(t *testing.T) {
-	m := startOIDC(t)
-	e := oauthEdge(t, m, nil)
-	local, _ := dumpService(t)
-	oauthTunnel(t, e, local, "app", func(c *agent.Config) { c.OAuthAllowEmail = []string{"alice@example.com"} })
+	m, e, _ := oauthApp(t, "app", func(c *agent.Config) { c.OAuthAllowEmail = []string{"alice@example.com"} })
 	try := func(t *testing.T, claims map[string]any) oauthAnswer {
 		m.QueueUser(rawUser{"m-1", claims})
 		return oauthDo(t, visitor(t, e, true), "GET", oauthURL(e, "app", "/"))

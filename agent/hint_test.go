@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"crypto/x509"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/internal/conntest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 )
 
@@ -29,7 +29,7 @@ func TestHints(t *testing.T) {
 	if err := os.WriteFile(otherCA, pem, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	closed := closedPort(t)
+	closed := conntest.DeadAddr(t)
 	for _, tc := range []struct {
 		name string
 		set  func(*agent.Config)
@@ -82,17 +82,6 @@ func TestHints(t *testing.T) {
 	if !strings.Contains(st.Hint, "is the edge running at "+e2.Addr("control").String()) {
 		t.Errorf("hint after the edge stopped: %q", st.Hint)
 	}
-}
-
-// closedPort is a loopback address where nothing listens.
-func closedPort(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // TestLatency: the status's latency is the round trip of the heartbeats:

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngstone/ngstone/internal/conntest"
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -232,7 +233,7 @@ func TestInspectorKeepsTheAgentsGRPCAnswer(t *testing.T) {
 		cfg         Config
 		want        string
 	}{
-		{"down", deadAddr(t), Config{InspectAddr: "127.0.0.1:0"}, "14"},
+		{"down", conntest.DeadAddr(t), Config{InspectAddr: "127.0.0.1:0"}, "14"},
 		{"locked", local.URL, locked, "16"},
 		{"relayed", local.URL, Config{InspectAddr: "127.0.0.1:0"}, "5"},
 	} {

@@ -18,13 +18,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 
+	"github.com/ngstone/ngstone/internal/conntest"
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -78,18 +78,6 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger, se
 		a.tunnels[0].transport().CloseIdleConnections()
 	})
 	return r
-}
-
-// deadAddr returns a loopback address nothing listens on.
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // stream is one relayed exchange seen from the edge's side.
@@ -254,23 +242,15 @@ func rawServer(t *testing.T, reply string) (addr string, accepted *atomic.Int32,
 		t.Fatal(err)
 	}
 	accepted, closed = new(atomic.Int32), make(chan struct{}, 16)
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted.Add(1)
-			req, err := http.ReadRequest(bufio.NewReader(c))
-			if err == nil {
-				io.Copy(io.Discard, req.Body)
-				io.WriteString(c, reply)
-			}
-			c.Close()
-			closed <- struct{}{}
+	conntest.Serve(t, ln, func(c net.Conn) {
+		accepted.Add(1)
+		req, err := http.ReadRequest(bufio.NewReader(c))
+		if err == nil {
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(c, reply)
 		}
+		c.Close()
+		closed <- struct{}{}
 	})
 	return ln.Addr().String(), accepted, closed
 }
@@ -386,31 +366,8 @@ func silentServer(t *testing.T) (string, *atomic.Int32) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
 	var closed atomic.Int32
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(io.Discard, c); closed.Add(1) })
-		}
-	})
+	conntest.Serve(t, ln, func(c net.Conn) { io.Copy(io.Discard, c); closed.Add(1) })
 	return ln.Addr().String(), &closed
 }
 
@@ -450,7 +407,7 @@ func TestRelayTimeoutAndAbandon(t *testing.T) {
 }
 
 func TestRelayLocalErrors(t *testing.T) {
-	dead := deadAddr(t)
+	dead := conntest.DeadAddr(t)
 	resp, body := do(t, relayAgent(t, dead), "GET", "")
 	wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
 
@@ -536,7 +493,7 @@ func TestRelayHTTPSLocal(t *testing.T) {
 // the next warning counts the failures in between.
 func TestLocalFailureWarnings(t *testing.T) {
 	var logs strings.Builder
-	a := relayAgentWith(t, deadAddr(t), Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
+	a := relayAgentWith(t, conntest.DeadAddr(t), Config{}, slog.New(slog.NewTextHandler(&logs, nil)))
 	for range 3 {
 		resp, body := do(t, a, "GET", "")
 		wantVisitorError(t, resp, body, mux.CodeUpstreamUnreachable)
@@ -656,7 +613,7 @@ func TestLogRequests(t *testing.T) {
 	req, _ = http.NewRequest("GET", "http://app.ngstone.test/missing", nil)
 	relayOnce(t, a, req)
 
-	dead := deadAddr(t)
+	dead := conntest.DeadAddr(t)
 	down := relayAgentWith(t, dead, Config{LogRequests: true}, slog.New(slog.NewJSONHandler(&logs, nil)))
 	do(t, down, "GET", "")
 
@@ -715,7 +672,7 @@ func TestHostHeader(t *testing.T) {
 			t.Errorf("host-header %q: the local service saw Host and X-Forwarded-Host %q, want %q", tc.option, got, want)
 		}
 	}
-	dead := deadAddr(t)
+	dead := conntest.DeadAddr(t)
 	a := relayAgentWith(t, dead, Config{Tunnel: Tunnel{HostHeader: "rewrite"}}, slog.New(slog.DiscardHandler))
 	req, _ := http.NewRequest("GET", "http://app.ngstone.test/", nil)
 	req.Header.Set("X-Forwarded-Host", "app.ngstone.test")

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ngstone/ngstone/internal/conntest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 )
 
@@ -82,22 +83,7 @@ func startSilentProxy(t *testing.T, target string) *silentProxy {
 		t.Fatal(err)
 	}
 	p := &silentProxy{addr: ln.Addr().String()}
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
 	pump := func(src, dst net.Conn, hushed *atomic.Bool) {
-		defer wg.Done()
 		buf := make([]byte, 32<<10)
 		for {
 			n, err := src.Read(buf)
@@ -109,31 +95,23 @@ func startSilentProxy(t *testing.T, target string) *silentProxy {
 			}
 		}
 	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			a, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			b, err := net.Dial("tcp", target)
-			if err != nil {
-				a.Close()
-				continue
-			}
-			hushed := new(atomic.Bool)
-			mu.Lock()
-			conns = append(conns, a, b)
-			mu.Unlock()
-			p.mu.Lock()
-			p.links = append(p.links, hushed)
-			p.mu.Unlock()
-			wg.Add(2)
-			go pump(a, b, hushed)
-			go pump(b, a, hushed)
+	conntest.Serve(t, ln, func(a net.Conn) {
+		b, err := net.Dial("tcp", target)
+		if err != nil {
+			return
 		}
-	}()
+		hushed := new(atomic.Bool)
+		p.mu.Lock()
+		p.links = append(p.links, hushed)
+		p.mu.Unlock()
+		var wg sync.WaitGroup
+		wg.Go(func() { pump(b, a, hushed) })
+		pump(a, b, hushed)
+		// Both ends stay open, whichever side went, until the test ends.
+		<-t.Context().Done()
+		b.Close()
+		wg.Wait()
+	})
 	return p
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/ngstone/ngstone/certs"
 	"github.com/ngstone/ngstone/edge"
 	"github.com/ngstone/ngstone/internal/acmetest"
+	"github.com/ngstone/ngstone/internal/conntest"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 )
 
@@ -286,7 +287,7 @@ func (c *kaConn) get(t *testing.T) {
 func TestEdgeCALostAccount(t *testing.T) {
 	t.Parallel()
 	d := acmetest.StartDNS(t, domain)
-	addr := freeAddr(t)
+	addr := conntest.DeadAddr(t)
 	ca := acmetest.StartCA(t, acmetest.CAConfig{DNS: d.Addr, Addr: addr})
 	cfg := withRFC2136(acmeEdgeConfig(t, certs.ModeCertmagic, ca, d), d)
 	cfg.TLS.OnDemand = true // DOMAIN only
@@ -307,16 +308,6 @@ func TestEdgeCALostAccount(t *testing.T) {
 	if n := metric(t, e, `ngstone_certificate_attempts_total{kind="obtain"}`); n != 1 {
 		t.Errorf("obtain attempts = %v, want 1 (the first attempt works)", n)
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // removeCertificates deletes the certificates certmagic stored under

@@ -9,9 +9,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngstone/ngstone/internal/conntest"
 )
 
 // Pattern writes n deterministic bytes, so bodies can be checked byte for byte.
@@ -164,26 +165,13 @@ func UpgradeRoundTrip(t testing.TB, addr, name string) {
 }
 
 // ServeConns serves each connection to a loopback listener with serve
-// (closing it after), until the test ends, and returns its address.
+// (closing it after, or when the test ends), and returns its address.
 func ServeConns(t testing.TB, serve func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				serve(c)
-			})
-		}
-	})
+	conntest.Serve(t, ln, serve)
 	return ln.Addr().String()
 }

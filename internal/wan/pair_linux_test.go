@@ -6,9 +6,10 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/ngstone/ngstone/internal/conntest"
 )
 
 // startPair starts a Pair, or skips where one cannot run (not root, no
@@ -38,30 +39,7 @@ func echo(t *testing.T, p *Pair) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(c, c) })
-		}
-	})
+	conntest.Serve(t, ln, func(c net.Conn) { io.Copy(c, c) })
 	return ln.Addr().String()
 }
 

@@ -2,7 +2,6 @@ package agent_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -149,7 +148,7 @@ func TestInspectorInBrowser(t *testing.T) {
 	waitRows(6, "filters cleared")
 
 	caps := map[string]agent.Capture{}
-	for _, cp := range inspectorList(t, st.InspectURL) {
+	for _, cp := range tunneltest.Captures(t, st.InspectURL) {
 		caps[cp.Path] = cp
 	}
 	clickRow := func(path string) {
@@ -252,18 +251,4 @@ func listRedrawnOnlyOnChange(t *testing.T, ctx context.Context) {
 	if n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`window.redraws`)); err != nil || n != 0 {
 		t.Errorf("the list was drawn %d times while nothing changed, want 0 (%v)", n, err)
 	}
-}
-
-func inspectorList(t *testing.T, base string) []agent.Capture {
-	t.Helper()
-	resp, err := http.Get(base + "/api/requests")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list []agent.Capture
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	return list
 }

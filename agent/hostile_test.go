@@ -313,15 +313,7 @@ func TestFramingVisitorMatchesLog(t *testing.T) {
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	cfg := e.AgentConfig("", rawLocal(t, replies))
 	cfg.Subdomain, cfg.LogRequests = "framing", true
-	a, err := agent.New(cfg, slog.New(slog.NewJSONHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	tunneltest.Eventually(t, 10*time.Second, "online", func() bool { return a.Status().State == agent.StateOnline })
+	tunneltest.StartAgentLogged(t, cfg, slog.New(slog.NewJSONHandler(&logs, nil))).WaitOnline(t)
 	c := e.Client()
 	// The informational bound, as README states it: Max1xx pass, one
 	// more is the agent's 502. (The 100 Continues count towards it, but
@@ -368,6 +360,12 @@ func (b *lockedBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // line returns the first log line with msg for path.

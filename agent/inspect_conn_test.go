@@ -106,7 +106,7 @@ func connEntry(t *testing.T, base, visitor, what string, ok func(agent.Capture) 
 	var last []agent.Capture
 	deadline := time.Now().Add(connDeadline)
 	for {
-		last = inspectorList(t, base)
+		last = tunneltest.Captures(t, base)
 		for _, c := range last {
 			if c.Conn != nil && c.Conn.Visitor == visitor && ok(c) {
 				return c
@@ -247,7 +247,7 @@ func TestInspectorConnBounded(t *testing.T) {
 		c := visit(t, e, st, 'c', up, down)
 		c.Close()
 	}
-	list := inspectorList(t, st.InspectURL)
+	list := tunneltest.Captures(t, st.InspectURL)
 	if len(list) != agent.InspectKeep {
 		t.Fatalf("the inspector lists %d entries after %d connections, want %d", len(list), agent.InspectKeep+6, agent.InspectKeep)
 	}

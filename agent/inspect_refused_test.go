@@ -35,7 +35,7 @@ func TestInspectorRefusedInBrowser(t *testing.T) {
 	}
 	var refused agent.Capture
 	tunneltest.Eventually(t, 10*time.Second, "the refusal in the inspector's API", func() bool {
-		list := inspectorList(t, st.InspectURL)
+		list := tunneltest.Captures(t, st.InspectURL)
 		if len(list) == 1 && list[0].Refused != "" {
 			refused = list[0]
 			return true

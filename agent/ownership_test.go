@@ -1,7 +1,6 @@
 package agent_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -386,27 +385,15 @@ func testShownInstanceCannotTakeName(t *testing.T, store string) {
 	cfg.Tokens = []string{"shared"}
 	e := tunneltest.StartEdge(t, cfg)
 	p := newProxy(t, e)
-	var logs bytes.Buffer
-	var mu sync.Mutex
+	var logs lockedBuffer
 	ac := e.AgentConfigShortTimeouts(p.Addr(), b.Addr())
 	ac.Subdomain, ac.Token, ac.LogRequests = "mine", "shared", true
-	a, err := agent.New(ac, slog.New(slog.NewJSONHandler(writerFunc(func(p []byte) { mu.Lock(); logs.Write(p); mu.Unlock() }), nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	tunneltest.Eventually(t, 10*time.Second, "online", func() bool { return a.Status().State == agent.StateOnline })
+	a := tunneltest.StartAgentLogged(t, ac, slog.New(slog.NewJSONHandler(&logs, nil)))
+	a.WaitOnline(t)
 	quickGet(e.Client(), tunneltest.URL("https", "mine", "/hello"))
 
 	shown := tunnel(t, e, "mine."+tunneltest.Domain).InstanceID
-	logged := func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		return logs.String()
-	}
+	logged := logs.String
 	// The request's line is logged once its response has gone.
 	tunneltest.Eventually(t, 10*time.Second, "the request's line", func() bool { return strings.Contains(logged(), `"path":"/hello"`) })
 	if l := logged(); strings.Contains(l, a.InstanceID()) || !strings.Contains(l, shown) || shown == a.InstanceID() || a.Status().InstanceID != shown {
@@ -429,8 +416,3 @@ func testShownInstanceCannotTakeName(t *testing.T, store string) {
 		t.Fatalf("after the reconnect: %+v, before %+v", after, before)
 	}
 }
-
-// writerFunc is an io.Writer of a function.
-type writerFunc func([]byte)
-
-func (f writerFunc) Write(p []byte) (int, error) { f(p); return len(p), nil }

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -140,21 +139,6 @@ func sessionCookie(t *testing.T, c *http.Client, u string) string {
 	return ""
 }
 
-// inspectorCaptures lists what an agent's inspector at base kept.
-func inspectorCaptures(t *testing.T, base string) []agent.Capture {
-	t.Helper()
-	resp, err := http.Get(base + "/api/requests")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	var list []agent.Capture
-	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
-		t.Fatal(err)
-	}
-	return list
-}
-
 // toProvider reports whether a is the edge sending a visitor to sign in.
 func toProvider(m *mockoidc.MockOIDC, a oauthAnswer) bool {
 	return a.status == http.StatusFound && strings.HasPrefix(a.location, m.Issuer())
@@ -211,7 +195,7 @@ func TestOAuthSignIn(t *testing.T) {
 		}
 		// The agent's inspector lists the refusal, and who it was.
 		tunneltest.Eventually(t, 5*time.Second, "the inspector to list bob's refusal", func() bool {
-			for _, c := range inspectorCaptures(t, app.InspectURL) {
+			for _, c := range tunneltest.Captures(t, app.InspectURL) {
 				if c.Refused == "signed in as bob@other.test" && c.Status == 403 && c.Code == mux.CodeOAuthDenied {
 					return true
 				}

@@ -20,8 +20,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/ngstone/ngstone/agent"
 	"github.com/ngstone/ngstone/internal/tunneltest"
 	"github.com/ngstone/ngstone/mux"
@@ -67,30 +65,16 @@ func rawAgent(t *testing.T, control, caFile, name string, serve func(net.Conn)) 
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(pem)
-	c, err := tls.Dial("tcp", control, &tls.Config{RootCAs: roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
-	if err != nil {
-		t.Fatal(err)
+	r, m := tunneltest.DialRawAt(t, control, roots, &mux.Hello{Version: mux.Version, InstanceID: agent.NewInstanceID()}, nil)
+	if m.MessageType() != mux.TypeHelloOK {
+		t.Fatalf("hello: %v", m)
 	}
-	ys, err := yamux.Client(c, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ys.Close() })
-	ctrl, err := ys.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux.Write(ctrl, &mux.Hello{Version: mux.Version, InstanceID: agent.NewInstanceID()})
-	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeHelloOK {
-		t.Fatalf("hello: %v %v", m, err)
-	}
-	mux.Write(ctrl, &mux.Bind{Subdomain: name})
-	if m, err := mux.Read(ctrl); err != nil || m.MessageType() != mux.TypeBindOK {
-		t.Fatalf("bind: %v %v", m, err)
+	if m := r.Bind(t, &mux.Bind{Subdomain: name}); m.MessageType() != mux.TypeBindOK {
+		t.Fatalf("bind: %v", m)
 	}
 	go func() {
 		for {
-			st, err := ys.AcceptStream()
+			st, err := r.YS.AcceptStream()
 			if err != nil {
 				return
 			}

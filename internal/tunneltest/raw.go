@@ -2,6 +2,7 @@ package tunneltest
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"net"
 	"testing"
 	"time"
@@ -31,7 +32,14 @@ func (e *Edge) DialRaw(t testing.TB, hello *mux.Hello) (*RawSession, mux.Message
 // for a test that watches or alters what crosses it; a nil wrap is none.
 func (e *Edge) DialRawOver(t testing.TB, hello *mux.Hello, wrap func(net.Conn) net.Conn) (*RawSession, mux.Message) {
 	t.Helper()
-	tc, err := tls.Dial("tcp", e.Addr("control").String(), &tls.Config{RootCAs: e.Roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
+	return DialRawAt(t, e.Addr("control").String(), e.Roots, hello, wrap)
+}
+
+// DialRawAt is DialRawOver for the control address of any edge (one of
+// another process, say) whose certificate roots verifies.
+func DialRawAt(t testing.TB, control string, roots *x509.CertPool, hello *mux.Hello, wrap func(net.Conn) net.Conn) (*RawSession, mux.Message) {
+	t.Helper()
+	tc, err := tls.Dial("tcp", control, &tls.Config{RootCAs: roots, ServerName: "localhost", NextProtos: []string{mux.ALPN}})
 	if err != nil {
 		t.Fatal(err)
 	}

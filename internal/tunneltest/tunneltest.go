@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"math/big"
@@ -140,6 +141,12 @@ type Agent struct {
 // default inspector address gets its inspector on a free loopback port.
 func StartAgent(t testing.TB, cfg agent.Config) *Agent {
 	t.Helper()
+	return StartAgentLogged(t, cfg, Logger().With("side", "agent"))
+}
+
+// StartAgentLogged is StartAgent with the agent's logs to log.
+func StartAgentLogged(t testing.TB, cfg agent.Config, log *slog.Logger) *Agent {
+	t.Helper()
 	ta := &Agent{done: make(chan struct{}), changed: make(chan struct{})}
 	if cfg.InspectAddr == agent.DefaultInspectAddr {
 		// The same inspector on a free port: tests run side by side, and
@@ -157,7 +164,7 @@ func StartAgent(t testing.TB, cfg agent.Config) *Agent {
 			prev(s)
 		}
 	}
-	a, err := agent.New(cfg, Logger().With("side", "agent"))
+	a, err := agent.New(cfg, log)
 	if err != nil {
 		t.Fatalf("agent.New: %v", err)
 	}
@@ -170,6 +177,21 @@ func StartAgent(t testing.TB, cfg agent.Config) *Agent {
 	}()
 	t.Cleanup(func() { ta.Stop() })
 	return ta
+}
+
+// Captures lists what an agent's inspector at base kept (GET /api/requests).
+func Captures(t testing.TB, base string) []agent.Capture {
+	t.Helper()
+	resp, err := http.Get(base + "/api/requests")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list []agent.Capture
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	return list
 }
 
 // Stop cancels the agent (a graceful unbind) and returns Run's error.

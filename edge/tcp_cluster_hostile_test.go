@@ -154,11 +154,7 @@ func TestClusterTCPDeniedAcrossMove(t *testing.T) {
 	// An HTTP tunnel on a, visited through b, leaves a connection from b
 	// to a idle, which b's next forward takes: held by the proxy, it
 	// waits for no TLS handshake timeout.
-	backend := tunneltest.StartBackend(t)
-	hac := a.AgentConfigShortTimeouts("", backend.Addr())
-	hac.Subdomain, hac.Token = "app", "token-b"
-	hst := tunneltest.StartAgent(t, hac).WaitOnline(t)
-	waitRouted(t, b, "app."+tunneltest.Domain, hst)
+	startAppVia(t, a, b)
 	mustFetch(t, b, tunneltest.URL("http", "app", "/hello"), "hello")
 
 	m := scrape(t, b.Edge, "")
@@ -224,25 +220,12 @@ func TestClusterTCPIdleVisitorsBounded(t *testing.T) {
 	waitRouted(t, b, mux.TCPKey(port), st)
 
 	// Another tunnel of a's, visited through b.
-	backend := tunneltest.StartBackend(t)
-	hac := a.AgentConfigShortTimeouts("", backend.Addr())
-	hac.Subdomain, hac.Token = "app", "token-b"
-	waitRouted(t, b, "app."+tunneltest.Domain, tunneltest.StartAgent(t, hac).WaitOnline(t))
+	startAppVia(t, a, b)
 	client := b.Client()
 	t.Cleanup(client.CloseIdleConnections)
 	serving := func() time.Duration {
 		t.Helper()
-		start := time.Now()
-		resp, err := client.Get(tunneltest.URL("http", "app", "/hello"))
-		if err != nil {
-			t.Fatalf("the other tunnel: %v", err)
-		}
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("the other tunnel answered %d", resp.StatusCode)
-		}
-		return time.Since(start)
+		return answerTime(t, client, tunneltest.URL("http", "app", "/hello"))
 	}
 	serving()
 
@@ -263,59 +246,34 @@ func TestClusterTCPIdleVisitorsBounded(t *testing.T) {
 	addr := b.TCPAddr(port).String()
 	dial := func(n int) {
 		t.Helper()
-		var dialers sync.WaitGroup
-		errs := make(chan error, sources)
-		for s := range sources {
-			dialers.Go(func() {
-				d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(4+s))}}
-				for range n / sources {
-					c, err := d.Dial("tcp", addr)
-					if err != nil {
-						errs <- err
-						return
-					}
-					c.SetReadDeadline(time.Now().Add(2 * time.Minute))
-					mu.Lock()
-					held = append(held, c)
-					mu.Unlock()
-					wg.Go(func() {
-						k, err := c.Read(make([]byte, 1))
-						if errors.Is(err, net.ErrClosed) {
-							return // the test's own close
-						}
-						if k > 0 {
-							err = fmt.Errorf("read %d bytes", k)
-						} else if errors.Is(err, io.EOF) || errors.Is(err, syscallReset) {
-							err = nil
-						}
-						c.Close()
-						mu.Lock()
-						closed = append(closed, err)
-						mu.Unlock()
-					})
+		dialSpread(t, addr, n, sources, 4, func(c net.Conn) {
+			c.SetReadDeadline(time.Now().Add(2 * time.Minute))
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+			wg.Go(func() {
+				k, err := c.Read(make([]byte, 1))
+				if errors.Is(err, net.ErrClosed) {
+					return // the test's own close
 				}
+				if k > 0 {
+					err = fmt.Errorf("read %d bytes", k)
+				} else if errors.Is(err, io.EOF) || errors.Is(err, syscallReset) {
+					err = nil
+				}
+				c.Close()
+				mu.Lock()
+				closed = append(closed, err)
+				mu.Unlock()
 			})
-		}
-		dialers.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("dial: %v", err)
-		}
+		})
 	}
 	ended := func() int {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(closed)
 	}
-	settle := func(what string, n int) {
-		t.Helper()
-		tunneltest.Eventually(t, 60*time.Second, what, func() bool {
-			if p := peak.Load(); p > limit {
-				t.Fatalf("%d connections relayed at once, over the session's stream limit of %d", p, limit)
-			}
-			return int(open.Load())+ended() == n
-		})
-	}
+	settle := settleVisitors(t, 60*time.Second, limit, &open, &peak, ended)
 
 	beforeEdge, beforeAll, beforeClients := edgeGoroutines(), tunneltest.Goroutines(), clientConns()
 	before := liveHeap()
@@ -327,13 +285,7 @@ func TestClusterTCPIdleVisitorsBounded(t *testing.T) {
 	settle("the visitors past the limit closed", visitors)
 	settled := time.Since(start)
 	heldHeap := liveHeap()
-	var slowestAnswer time.Duration
-	for range 5 {
-		slowestAnswer = max(slowestAnswer, serving())
-	}
-	if slowestAnswer > 2*time.Second {
-		t.Errorf("the other tunnel took %s to answer while the visitors were held", slowestAnswer)
-	}
+	slowestAnswer := slowestWhileHeld(t, serving)
 	mu.Lock()
 	for _, err := range closed {
 		if err != nil {
@@ -637,10 +589,7 @@ func TestClusterTCPFieldsNotForged(t *testing.T) {
 	st := startClusterTCPAgent(t, a, tcpLocal, "token-a", instX, 0).WaitOnline(t)
 	port := tcpPort(t, st)
 	waitRouted(t, b, mux.TCPKey(port), st)
-	backend := tunneltest.StartBackend(t)
-	hac := a.AgentConfigShortTimeouts("", backend.Addr())
-	hac.Subdomain, hac.Token = "app", "token-b"
-	waitRouted(t, b, "app."+tunneltest.Domain, tunneltest.StartAgent(t, hac).WaitOnline(t))
+	startAppVia(t, a, b)
 
 	forged := [][2]string{
 		{"Ngstone-Tcp-Source", "203.0.113.7:4242"},
@@ -699,4 +648,14 @@ func TestClusterTCPFieldsNotForged(t *testing.T) {
 	if n := reached.Load(); n != 0 {
 		t.Errorf("the TCP tunnel's local service was reached %d times by HTTP visitors", n)
 	}
+}
+
+// startAppVia starts an HTTP tunnel "app" (token B) on a, and waits until
+// b routes it there.
+func startAppVia(t *testing.T, a, b *clusterEdge) {
+	t.Helper()
+	backend := tunneltest.StartBackend(t)
+	ac := a.AgentConfigShortTimeouts("", backend.Addr())
+	ac.Subdomain, ac.Token = "app", "token-b"
+	waitRouted(t, b, "app."+tunneltest.Domain, tunneltest.StartAgent(t, ac).WaitOnline(t))
 }

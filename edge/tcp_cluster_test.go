@@ -140,14 +140,7 @@ func TestClusterTCPProxyProtocol(t *testing.T) {
 func TestClusterTCPIdle(t *testing.T) {
 	local := tunneltest.ServeConns(t, func(c net.Conn) {
 		c.SetDeadline(time.Now().Add(tcpDeadline))
-		br := bufio.NewReader(c)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			io.WriteString(c, "echo: "+line)
-		}
+		echoLines(c)
 	})
 	const idle = 3 * time.Second
 	_, a, b, _ := startTCPCluster(t, 1, func(cfg *edge.Config) {

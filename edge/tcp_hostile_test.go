@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"runtime"
 	"strconv"
@@ -55,11 +56,74 @@ func steadyTunnel(t *testing.T, e *tunneltest.Edge) func() time.Duration {
 	t.Cleanup(c.CloseIdleConnections)
 	return func() time.Duration {
 		t.Helper()
-		start := time.Now()
-		if s, _ := visitorStatus(t, c, mustReq(tunneltest.URL("https", "steady", "/hello"))); s != 200 {
-			t.Fatalf("the other tunnel answered %d", s)
-		}
-		return time.Since(start)
+		return answerTime(t, c, tunneltest.URL("https", "steady", "/hello"))
+	}
+}
+
+// answerTime gets url with c, fails unless it answers 200, and says how
+// long the answer took.
+func answerTime(t *testing.T, c *http.Client, url string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if s, _ := visitorStatus(t, c, mustReq(url)); s != 200 {
+		t.Fatalf("the other tunnel answered %d", s)
+	}
+	return time.Since(start)
+}
+
+// slowestWhileHeld asks serving five times, fails should an answer take
+// over 2 s, and returns the slowest: the other tunnel, with visitors held.
+func slowestWhileHeld(t *testing.T, serving func() time.Duration) time.Duration {
+	t.Helper()
+	var slowest time.Duration
+	for range 5 {
+		slowest = max(slowest, serving())
+	}
+	if slowest > 2*time.Second {
+		t.Errorf("the other tunnel took %s to answer while the visitors were held", slowest)
+	}
+	return slowest
+}
+
+// dialSpread dials n connections to addr, spread over sources loopback
+// addresses from 127.0.0.first, handing each to opened; a failed dial
+// fails the test.
+func dialSpread(t *testing.T, addr string, n, sources int, first byte, opened func(net.Conn)) {
+	t.Helper()
+	var dialers sync.WaitGroup
+	errs := make(chan error, sources)
+	for s := range sources {
+		dialers.Go(func() {
+			d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, first+byte(s))}}
+			for range n/sources + min(1, max(0, n%sources-s)) {
+				c, err := d.Dial("tcp", addr)
+				if err != nil {
+					errs <- err
+					return
+				}
+				opened(c)
+			}
+		})
+	}
+	dialers.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("dial: %v", err)
+	}
+}
+
+// settleVisitors returns settle, which waits until the n visitors dialed
+// are each relayed (open) or ended, and fails at once should more than
+// limit be relayed at once.
+func settleVisitors(t *testing.T, within time.Duration, limit int, open, peak *atomic.Int64, ended func() int) func(what string, n int) {
+	return func(what string, n int) {
+		t.Helper()
+		tunneltest.Eventually(t, within, what, func() bool {
+			if p := peak.Load(); p > int64(limit) {
+				t.Fatalf("%d connections relayed at once, over the session's stream limit of %d", p, limit)
+			}
+			return int(open.Load())+ended() == n
+		})
 	}
 }
 
@@ -139,45 +203,28 @@ func TestTCPIdleVisitorsBounded(t *testing.T) {
 	// goroutine of its own until the edge or the test closes it.
 	dial := func(n int) {
 		t.Helper()
-		var dialers sync.WaitGroup
-		errs := make(chan error, sources)
-		for s := range sources {
-			dialers.Go(func() {
-				d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, byte(2+s))}}
-				for range n/sources + min(1, max(0, n%sources-s)) {
-					c, err := d.Dial("tcp", addr)
-					if err != nil {
-						errs <- err
-						return
-					}
-					dialed := time.Now()
-					c.SetReadDeadline(dialed.Add(time.Minute))
-					mu.Lock()
-					held[c] = true
-					mu.Unlock()
-					readers.Go(func() {
-						n, err := c.Read(make([]byte, 1))
-						if errors.Is(err, net.ErrClosed) {
-							return // the test's own close
-						}
-						c.Close() // its descriptor back at once
-						mu.Lock()
-						defer mu.Unlock()
-						delete(held, c)
-						if n > 0 || !errors.Is(err, io.EOF) && !errors.Is(err, syscallReset) {
-							odd = append(odd, fmt.Sprintf("read %d bytes, %v", n, err))
-							return
-						}
-						cut = append(cut, time.Since(dialed))
-					})
+		dialSpread(t, addr, n, sources, 2, func(c net.Conn) {
+			dialed := time.Now()
+			c.SetReadDeadline(dialed.Add(time.Minute))
+			mu.Lock()
+			held[c] = true
+			mu.Unlock()
+			readers.Go(func() {
+				n, err := c.Read(make([]byte, 1))
+				if errors.Is(err, net.ErrClosed) {
+					return // the test's own close
 				}
+				c.Close() // its descriptor back at once
+				mu.Lock()
+				defer mu.Unlock()
+				delete(held, c)
+				if n > 0 || !errors.Is(err, io.EOF) && !errors.Is(err, syscallReset) {
+					odd = append(odd, fmt.Sprintf("read %d bytes, %v", n, err))
+					return
+				}
+				cut = append(cut, time.Since(dialed))
 			})
-		}
-		dialers.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatalf("dial: %v", err)
-		}
+		})
 	}
 	release := func() {
 		mu.Lock()
@@ -193,17 +240,7 @@ func TestTCPIdleVisitorsBounded(t *testing.T) {
 		defer mu.Unlock()
 		return len(cut) + len(odd)
 	}
-	// settle waits until every visitor dialed is relayed or closed, and
-	// fails at once should more than limit be relayed.
-	settle := func(what string, n int) {
-		t.Helper()
-		tunneltest.Eventually(t, 20*time.Second, what, func() bool {
-			if p := peak.Load(); p > int64(limit) {
-				t.Fatalf("%d connections relayed at once, over the session's stream limit of %d", p, limit)
-			}
-			return int(open.Load())+ended() == n
-		})
-	}
+	settle := settleVisitors(t, 20*time.Second, limit, &open, &peak, ended)
 
 	beforeEdge, beforeAll := edgeGoroutines(), tunneltest.Goroutines()
 	before := liveHeap()
@@ -221,13 +258,7 @@ func TestTCPIdleVisitorsBounded(t *testing.T) {
 
 	// Held: the relayed ones open at the local service, the rest closed.
 	heldHeap := liveHeap()
-	var slowestAnswer time.Duration
-	for range 5 {
-		slowestAnswer = max(slowestAnswer, serving())
-	}
-	if slowestAnswer > 2*time.Second {
-		t.Errorf("the other tunnel took %s to answer while the visitors were held", slowestAnswer)
-	}
+	slowestAnswer := slowestWhileHeld(t, serving)
 	m := scrape(t, e, "")
 	mu.Lock()
 	if len(odd) > 0 {

@@ -29,14 +29,7 @@ func TestTLSPassthrough(t *testing.T) {
 		tc := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}})
 		tc.SetDeadline(time.Now().Add(tcpDeadline))
 		io.WriteString(tc, "hello from the local service\n")
-		br := bufio.NewReader(tc)
-		for {
-			line, err := br.ReadString('\n')
-			if err != nil {
-				return
-			}
-			io.WriteString(tc, "echo: "+line)
-		}
+		echoLines(tc)
 	})
 	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
 	ac := e.AgentConfig("", local)
@@ -102,4 +95,17 @@ func edgeLeaf(t *testing.T, e *tunneltest.Edge) *x509.Certificate {
 	}
 	defer c.Close()
 	return c.ConnectionState().PeerCertificates[0]
+}
+
+// echoLines answers each line read from rw with "echo: " and the line,
+// until a read fails.
+func echoLines(rw io.ReadWriter) {
+	br := bufio.NewReader(rw)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+		io.WriteString(rw, "echo: "+line)
+	}
 }

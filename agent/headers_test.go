@@ -20,47 +20,27 @@ import (
 // names; what the edge sets about the visitor (X-Forwarded-For) stays the
 // edge's, over HTTP/1.1 and HTTP/2.
 func TestHeaderRules(t *testing.T) {
-	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	visits := rulesVisits(t, "rules", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Server", "local/1.0")
 		w.Header().Set("X-Powered-By", "php")
 		w.Header().Set("X-Kept", "kept")
 		w.Header().Set("X-Version", "local's")
 		json.NewEncoder(w).Encode(r.Header)
-	}))
-	t.Cleanup(local.Close)
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	ac := e.AgentConfig("", local.Listener.Addr().String())
-	ac.Subdomain = "rules"
-	ac.RequestHeaderAdd = []string{"X-Team: blue", "x-role: a", "X-Role:b", "X-Auth: from-the-agent"}
-	ac.RequestHeaderRemove = []string{"X-Secret", "cookie"}
-	ac.ResponseHeaderAdd = []string{"Strict-Transport-Security: max-age=63072000", "X-Version: 2"}
-	ac.ResponseHeaderRemove = []string{"server", "X-Powered-By"}
-	tunneltest.StartAgent(t, ac).WaitOnline(t)
-
-	for _, c := range []struct {
-		name   string
-		client *http.Client
-		url    string
-	}{
-		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "rules", "/")},
-		{"HTTP/2", e.Client(), tunneltest.URL("https", "rules", "/")},
-	} {
+	}, func(ac *agent.Config) {
+		ac.RequestHeaderAdd = []string{"X-Team: blue", "x-role: a", "X-Role:b", "X-Auth: from-the-agent"}
+		ac.RequestHeaderRemove = []string{"X-Secret", "cookie"}
+		ac.ResponseHeaderAdd = []string{"Strict-Transport-Security: max-age=63072000", "X-Version: 2"}
+		ac.ResponseHeaderRemove = []string{"server", "X-Powered-By"}
+	})
+	for _, c := range visits {
 		req, _ := http.NewRequest("GET", c.url, nil)
 		req.Header.Set("X-Secret", "s3cret")
 		req.Header.Set("Cookie", "session=1")
 		req.Header.Set("X-Auth", "forged by the visitor")
 		req.Header.Set("X-Forwarded-For", "6.6.6.6")
 		req.Header.Set("X-Visitor", "kept")
-		resp, err := c.client.Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
 		var got http.Header
-		err = json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
+		resp := c.doJSON(t, req, &got)
 		for k, want := range map[string][]string{
 			"X-Team": {"blue"}, "X-Role": {"a", "b"}, "X-Auth": {"from-the-agent"}, "X-Visitor": {"kept"},
 			"X-Secret": nil, "Cookie": nil, "X-Forwarded-For": {"127.0.0.1"},
@@ -122,7 +102,7 @@ func TestHeaderRulesRefused(t *testing.T) {
 // local service's trailers of the response rules' fields (declared, or
 // sent undeclared) do not reach the visitor. Other trailers cross.
 func TestHeaderRulesCoverTrailers(t *testing.T) {
-	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	visits := rulesVisits(t, "trailers", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		h := w.Header()
 		h.Set("Trailer", "Server, X-Version, X-Kept")
@@ -131,39 +111,18 @@ func TestHeaderRulesCoverTrailers(t *testing.T) {
 		h.Set("X-Version", "local's")
 		h.Set("X-Kept", "kept")
 		h.Set(http.TrailerPrefix+"X-Powered-By", "php")
-	}))
-	t.Cleanup(local.Close)
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	ac := e.AgentConfig("", local.Listener.Addr().String())
-	ac.Subdomain = "trailers"
-	ac.RequestHeaderAdd = []string{"X-Team: blue", "X-Auth-User: from-the-agent"}
-	ac.RequestHeaderRemove = []string{"Cookie"}
-	ac.ResponseHeaderAdd = []string{"X-Version: 2"}
-	ac.ResponseHeaderRemove = []string{"Server", "X-Powered-By"}
-	tunneltest.StartAgent(t, ac).WaitOnline(t)
-
-	for _, c := range []struct {
-		name   string
-		client *http.Client
-		url    string
-	}{
-		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "trailers", "/")},
-		{"HTTP/2", e.Client(), tunneltest.URL("https", "trailers", "/")},
-	} {
+	}, func(ac *agent.Config) {
+		ac.RequestHeaderAdd = []string{"X-Team: blue", "X-Auth-User: from-the-agent"}
+		ac.RequestHeaderRemove = []string{"Cookie"}
+		ac.ResponseHeaderAdd = []string{"X-Version: 2"}
+		ac.ResponseHeaderRemove = []string{"Server", "X-Powered-By"}
+	})
+	for _, c := range visits {
 		body := io.MultiReader(strings.NewReader("a body of unknown length")) // sent chunked
 		req, _ := http.NewRequest("POST", c.url, body)
 		req.Trailer = http.Header{"X-Team": {"red"}, "Cookie": {"session=1"}, "X-Auth-User": {"admin"}, "X-Sum": {"5"}}
-		resp, err := c.client.Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
 		var got map[string]http.Header
-		err = json.NewDecoder(resp.Body).Decode(&got)
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
+		resp := c.doJSON(t, req, &got)
 		for k, want := range map[string][]string{"X-Team": nil, "Cookie": nil, "X-Auth-User": nil, "X-Sum": {"5"}} {
 			if !slices.Equal(got["trailer"][k], want) {
 				t.Errorf("%s: the local service got the trailer %s %q, want %q", c.name, k, got["trailer"][k], want)
@@ -190,45 +149,25 @@ func TestHeaderRulesCoverTrailers(t *testing.T) {
 // service's spellings of the response rules' fields. Fields the rules do
 // not name keep their underscores.
 func TestHeaderRulesUnderscoreSpellings(t *testing.T) {
-	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	visits := rulesVisits(t, "underscores", func(w http.ResponseWriter, r *http.Request) {
 		io.Copy(io.Discard, r.Body)
 		w.Header()["X_powered_by"] = []string{"php"}
 		w.Header()["X_Kept"] = []string{"kept"}
 		json.NewEncoder(w).Encode(map[string]http.Header{"header": r.Header, "trailer": r.Trailer})
-	}))
-	t.Cleanup(local.Close)
-	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
-	ac := e.AgentConfig("", local.Listener.Addr().String())
-	ac.Subdomain = "underscores"
-	ac.RequestHeaderAdd = []string{"X-Team: blue"}
-	ac.RequestHeaderRemove = []string{"X-Secret"}
-	ac.ResponseHeaderRemove = []string{"X-Powered-By"}
-	tunneltest.StartAgent(t, ac).WaitOnline(t)
-
-	for _, c := range []struct {
-		name   string
-		client *http.Client
-		url    string
-	}{
-		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", "underscores", "/")},
-		{"HTTP/2", e.Client(), tunneltest.URL("https", "underscores", "/")},
-	} {
+	}, func(ac *agent.Config) {
+		ac.RequestHeaderAdd = []string{"X-Team: blue"}
+		ac.RequestHeaderRemove = []string{"X-Secret"}
+		ac.ResponseHeaderRemove = []string{"X-Powered-By"}
+	})
+	for _, c := range visits {
 		req, _ := http.NewRequest("POST", c.url, io.MultiReader(strings.NewReader("chunked")))
 		req.Header["X_Team"] = []string{"red"}
 		req.Header["x_secret"] = []string{"s3cret"}
 		req.Header["X-SECRET"] = []string{"s3cret"}
 		req.Header["X_Visitor"] = []string{"kept"}
 		req.Trailer = http.Header{"X_team": {"green"}, "X_Sum": {"5"}}
-		resp, err := c.client.Do(req)
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
 		var got map[string]http.Header
-		err = json.NewDecoder(resp.Body).Decode(&got)
-		resp.Body.Close()
-		if err != nil {
-			t.Fatalf("%s: %v", c.name, err)
-		}
+		resp := c.doJSON(t, req, &got)
 		for part, h := range got {
 			for k, v := range h {
 				if n := strings.ToLower(strings.ReplaceAll(k, "_", "-")); (n == "x-team" || n == "x-secret") && (k != "X-Team" || part != "header") {
@@ -243,4 +182,46 @@ func TestHeaderRulesUnderscoreSpellings(t *testing.T) {
 			t.Errorf("%s: the visitor got %v, want X_Powered_By dropped and X_Kept kept", c.name, resp.Header)
 		}
 	}
+}
+
+// rulesVisit is one way a visitor reaches a tunnel: the protocol's name, a
+// client of it and the tunnel's URL.
+type rulesVisit struct {
+	name   string
+	client *http.Client
+	url    string
+}
+
+// rulesVisits runs local as tunnel name of an agent with the header rules
+// rules sets, and returns the visits over HTTP/1.1 and HTTP/2.
+func rulesVisits(t *testing.T, name string, local http.HandlerFunc, rules func(*agent.Config)) []rulesVisit {
+	t.Helper()
+	srv := httptest.NewServer(local)
+	t.Cleanup(srv.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", srv.Listener.Addr().String())
+	ac.Subdomain = name
+	rules(&ac)
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	return []rulesVisit{
+		{"HTTP/1.1", h1Client(e), tunneltest.URL("http", name, "/")},
+		{"HTTP/2", e.Client(), tunneltest.URL("https", name, "/")},
+	}
+}
+
+// doJSON sends req with v's client, decodes the JSON answer into got and
+// reads the body to its end, so the response's trailers are in.
+func (v rulesVisit) doJSON(t *testing.T, req *http.Request, got any) *http.Response {
+	t.Helper()
+	resp, err := v.client.Do(req)
+	if err != nil {
+		t.Fatalf("%s: %v", v.name, err)
+	}
+	err = json.NewDecoder(resp.Body).Decode(got)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("%s: %v", v.name, err)
+	}
+	return resp
 }

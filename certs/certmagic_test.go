@@ -30,6 +30,16 @@ func acmeConfig(t *testing.T, p *acmetest.CA, d *acmetest.DNS) Config {
 	}
 }
 
+// rfc2136Config is acmeConfig against a CA and DNS server of the test's
+// own, with DNS-01 through rfc2136 updates to that server.
+func rfc2136Config(t *testing.T) (*acmetest.CA, Config) {
+	d, p := startACME(t, 0, 0)
+	cfg := acmeConfig(t, p, d)
+	cfg.DNSProvider = DNSRFC2136
+	cfg.DNSCredentials = d.RFC2136Credentials()
+	return p, cfg
+}
+
 func startManager(t *testing.T, cfg Config, policy HostPolicy) (*Manager, error) {
 	t.Helper()
 	return startLogged(t, cfg, policy, testLogger(t))
@@ -51,13 +61,8 @@ func startLogged(t *testing.T, cfg Config, policy HostPolicy, log *slog.Logger) 
 // on a loopback listener.
 func serveReady(t *testing.T, cfg Config, policy HostPolicy) (*Manager, net.Listener) {
 	t.Helper()
-	m, err := startManager(t, cfg, policy)
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
+	m, ln := serveStarted(t, cfg, policy)
 	waitReady(t, m)
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
 	return m, ln
 }
 
@@ -106,10 +111,7 @@ func containsAll(s string, subs ...string) bool {
 // client that sends no SNI gets the DOMAIN certificate.
 func TestCertmagicWildcardDNS01(t *testing.T) {
 	t.Parallel()
-	d, p := startACME(t, 0, 0)
-	cfg := acmeConfig(t, p, d)
-	cfg.DNSProvider = DNSRFC2136
-	cfg.DNSCredentials = d.RFC2136Credentials()
+	p, cfg := rfc2136Config(t)
 	m, ln := serveReady(t, cfg, nil)
 
 	for _, host := range []string{"app." + testDomain, testDomain} {
@@ -209,10 +211,7 @@ func hasCount(cs []Count, kind, reason string) bool {
 // bound hostname, and refuses one the policy refuses and one outside DOMAIN.
 func TestCertmagicOnDemand(t *testing.T) {
 	t.Parallel()
-	d, p := startACME(t, 0, 0)
-	cfg := acmeConfig(t, p, d)
-	cfg.DNSProvider = DNSRFC2136
-	cfg.DNSCredentials = d.RFC2136Credentials()
+	p, cfg := rfc2136Config(t)
 	cfg.DNSPropagationTimeout = -time.Second
 	cfg.OnDemand = true
 	bound := uniqueName(t)

@@ -134,12 +134,7 @@ func TestFilesPicksUpReplacedCertificate(t *testing.T) {
 	first := pki.writePair(t, testDomain)
 	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFiles: []string{filepath.Join(pki.dir, "cert.pem")},
 		KeyFiles: []string{filepath.Join(pki.dir, "key.pem")}, ReloadInterval: 10 * time.Millisecond}
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveStarted(t, cfg, nil)
 	addr := ln.Addr().String()
 	if got := servedSerial(t, addr, pki.roots); got != first {
 		t.Fatalf("serving %s, want %s", got, first)
@@ -165,12 +160,7 @@ func TestFilesReload(t *testing.T) {
 	first := pki.writePair(t, testDomain)
 	cfg := Config{Mode: ModeFiles, Domain: testDomain, CertFiles: []string{filepath.Join(pki.dir, "cert.pem")},
 		KeyFiles: []string{filepath.Join(pki.dir, "key.pem")}, ReloadInterval: -1}
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveStarted(t, cfg, nil)
 	addr := ln.Addr().String()
 
 	second := pki.writePair(t, testDomain)
@@ -208,12 +198,7 @@ func TestFilesSeveralPairs(t *testing.T) {
 		CertFiles:      []string{filepath.Join(pki.dir, "cert.pem"), filepath.Join(pki.dir, "own-cert.pem")},
 		KeyFiles:       []string{filepath.Join(pki.dir, "key.pem"), filepath.Join(pki.dir, "own-key.pem")},
 		ReloadInterval: -1}
-	m, err := startManager(t, cfg, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln := listenLoopback(t)
-	serveTLS(t, ln, m)
+	m, ln := serveStarted(t, cfg, nil)
 	addr := ln.Addr().String()
 	if got := servedSerialFor(t, addr, pki.roots, "app."+testDomain); got != edgeSerial {
 		t.Errorf("app.%s got %s, want the edge's pair %s", testDomain, got, edgeSerial)

@@ -35,6 +35,19 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// serveStarted starts a Manager of cfg and serves TLS with it on a
+// loopback listener, until the test ends.
+func serveStarted(t *testing.T, cfg Config, policy HostPolicy) (*Manager, net.Listener) {
+	t.Helper()
+	m, err := startManager(t, cfg, policy)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	ln := listenLoopback(t)
+	serveTLS(t, ln, m)
+	return m, ln
+}
+
 // serveTLS runs an HTTPS server on a loopback listener with m's TLS config;
 // it answers "hello HOST".
 func serveTLS(t *testing.T, ln net.Listener, m *Manager) {

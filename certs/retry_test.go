@@ -128,10 +128,7 @@ func TestFailureReason(t *testing.T) {
 // however often it is restarted.
 func TestRestartLoopWaits(t *testing.T) {
 	t.Parallel()
-	d, p := startACME(t, 0, 0)
-	cfg := acmeConfig(t, p, d)
-	cfg.DNSProvider = DNSRFC2136
-	cfg.DNSCredentials = d.RFC2136Credentials()
+	p, cfg := rfc2136Config(t)
 	cfg.DNSCredentials["tsig_secret"] = "d3Jvbmctc2VjcmV0LXdyb25nLXNlY3JldC13cm9uZyE="
 	cfg.OnDemand = true // DOMAIN only: one name
 	attempts := 0

@@ -33,7 +33,8 @@ type Cluster struct {
 	// LeaseTTL is how long a cut-off edge's bindings outlive it.
 	LeaseTTL time.Duration
 	// RouteStaleness is the longest the edge routes by a route cache etcd
-	// has not confirmed current (a fifth of LeaseTTL when not set).
+	// has not confirmed current (2s, or a fifth of LeaseTTL if less, when
+	// not set).
 	RouteStaleness time.Duration
 	// Prefix is the etcd key prefix.
 	Prefix string
@@ -52,8 +53,8 @@ func clusterFlags(fs *pflag.FlagSet) {
 	fs.String("cluster-addr", ":7443", "listener for visitor requests forwarded by other edges (mutual TLS from --cluster-key)")
 	fs.String("cluster-advertise", "", "address other edges reach --cluster-addr at (default: its bound address, with --node-name as host when it binds all interfaces)")
 	fs.String("cluster-key", "", "secret shared by every edge of the cluster, at least 32 characters (NGSTONE_CLUSTER_KEY_FILE reads it from a file)")
-	fs.Duration("cluster-lease-ttl", 10*time.Second, "how long the bindings of an edge cut off from etcd outlive it (whole seconds)")
-	fs.Duration("cluster-route-staleness", 0, "longest an edge routes by its route cache once etcd stops confirming it current (then it reads each name from etcd, or answers 503): the longest two edges may route one name differently (default a fifth of --cluster-lease-ttl)")
+	fs.Duration("cluster-lease-ttl", registry.DefaultLeaseTTL, "how long the bindings of an edge cut off from etcd outlive it (whole seconds); two thirds of it must outlast gRPC's keepalive (10s and its timeout), which a hung etcd member holds the lease's renewals for")
+	fs.Duration("cluster-route-staleness", 0, "longest an edge routes by its route cache once etcd stops confirming it current (then it reads each name from etcd, or answers 503): the longest two edges may route one name differently (default 2s, or a fifth of --cluster-lease-ttl if less)")
 }
 
 // Cluster returns the cluster settings, after Load.
@@ -83,12 +84,12 @@ func (c *Edge) Cluster() (Cluster, error) {
 	case cl.LeaseTTL < time.Second:
 		return cl, fmt.Errorf("cluster-lease-ttl %s: at least 1s", cl.LeaseTTL)
 	case cl.RouteStaleness < 0 || cl.RouteStaleness > cl.LeaseTTL:
-		return cl, fmt.Errorf("cluster-route-staleness %s: between 0 (a fifth of --cluster-lease-ttl) and --cluster-lease-ttl (%s)", cl.RouteStaleness, cl.LeaseTTL)
+		return cl, fmt.Errorf("cluster-route-staleness %s: between 0 (the default) and --cluster-lease-ttl (%s)", cl.RouteStaleness, cl.LeaseTTL)
 	case (cl.CertFile == "") != (cl.KeyFile == ""):
 		return cl, errors.New("cluster-etcd-cert and cluster-etcd-key go together")
 	}
 	if cl.RouteStaleness == 0 {
-		cl.RouteStaleness = cl.LeaseTTL / 5
+		cl.RouteStaleness = min(cl.LeaseTTL/5, registry.DefaultRouteStaleness)
 	}
 	return cl, nil
 }

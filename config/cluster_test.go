@@ -35,21 +35,21 @@ func loadCluster(t *testing.T, args ...string) (clusterSettings, error) {
 
 type clusterSettings struct{ ttl, staleness time.Duration }
 
-// TestClusterRouteStaleness: --cluster-route-staleness defaults to a fifth
-// of the lease TTL, follows the TTL, and is refused beyond it or below 0
-// with an error that names it.
+// TestClusterRouteStaleness: --cluster-route-staleness defaults to 2s, or
+// a fifth of a lease TTL below 10s, and is refused beyond the TTL or below
+// 0 with an error that names it.
 func TestClusterRouteStaleness(t *testing.T) {
 	tests := map[string]struct {
 		args []string
 		want clusterSettings
 		err  string
 	}{
-		"default":       {want: clusterSettings{10 * time.Second, 2 * time.Second}},
-		"follows ttl":   {args: []string{"--cluster-lease-ttl", "30s"}, want: clusterSettings{30 * time.Second, 6 * time.Second}},
-		"set":           {args: []string{"--cluster-route-staleness", "500ms"}, want: clusterSettings{10 * time.Second, 500 * time.Millisecond}},
-		"beyond ttl":    {args: []string{"--cluster-route-staleness", "11s"}, err: "cluster-route-staleness"},
+		"default":       {want: clusterSettings{60 * time.Second, 2 * time.Second}},
+		"short ttl":     {args: []string{"--cluster-lease-ttl", "5s"}, want: clusterSettings{5 * time.Second, time.Second}},
+		"set":           {args: []string{"--cluster-route-staleness", "500ms"}, want: clusterSettings{60 * time.Second, 500 * time.Millisecond}},
+		"beyond ttl":    {args: []string{"--cluster-route-staleness", "61s"}, err: "cluster-route-staleness"},
 		"negative":      {args: []string{"--cluster-route-staleness", "-1s"}, err: "cluster-route-staleness"},
-		"the whole ttl": {args: []string{"--cluster-route-staleness", "10s"}, want: clusterSettings{10 * time.Second, 10 * time.Second}},
+		"the whole ttl": {args: []string{"--cluster-route-staleness", "60s"}, want: clusterSettings{60 * time.Second, 60 * time.Second}},
 	}
 	for name, tc := range tests {
 		t.Run(name, func(t *testing.T) {

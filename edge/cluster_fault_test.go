@@ -32,8 +32,9 @@ import (
 //	go test -race -run TestClusterEtcdFaults -v ./edge
 
 const (
-	faultTTL       = 10 * time.Second // the edges' lease TTL: the default
-	faultStaleness = faultTTL / 5     // their route staleness: the default
+	faultTTL       = registry.DefaultLeaseTTL       // the edges' lease TTL: the default
+	faultCall      = time.Second                    // their call timeout: the default
+	faultStaleness = registry.DefaultRouteStaleness // their route staleness: the default
 	faultLength    = 20 * time.Second
 	faultReach     = 3 * time.Second // a name bound during a fault is routable everywhere within it
 	faultVisits    = 0.99            // the share of visits through each edge that get 200 during a fault
@@ -47,8 +48,8 @@ func TestClusterEtcdFaults(t *testing.T) {
 		"MemberCut":                    testMemberCut,
 		"MemberSlow":                   testMemberSlow,
 		"MemberApplyStalled":           testMemberApplyStalled,
-		"WatchFrozenTakeover":          func(t *testing.T) { testWatchFrozenTakeover(t, faultTTL) },
-		"WatchFrozenTakeoverLongCalls": func(t *testing.T) { testWatchFrozenTakeover(t, longCallTTL) },
+		"WatchFrozenTakeover":          func(t *testing.T) { testWatchFrozenTakeover(t, faultCall) },
+		"WatchFrozenTakeoverLongCalls": func(t *testing.T) { testWatchFrozenTakeover(t, longCall) },
 		"LeaderKilled":                 testLeaderKilled,
 		"AuthChange":                   testAuthChange,
 	}
@@ -101,7 +102,7 @@ func newRig(t *testing.T, opts etcdtest.ClusterOptions, user, password string, t
 			}
 		}, func(cfg *edge.Config) {
 			// Only a graceful unbind releases a name within a test's time.
-			cfg.HeartbeatTimeout, cfg.HelloTimeout = time.Minute, 10*(faultTTL/10)
+			cfg.HeartbeatTimeout, cfg.HelloTimeout = time.Minute, 10*faultCall
 		}))
 	}
 	t.Cleanup(r.heal) // before the edges close, so that they revoke their leases
@@ -155,8 +156,8 @@ func (r *rig) agent(e int, sub, label string) *tunneltest.Agent {
 // an edge that stops answering for a quarter of the fault is still seen.
 func (r *rig) agentOf(e int, sub, label, instance string) *tunneltest.Agent {
 	ac := r.edges[e].AgentConfigShortTimeouts("", labelBackend(r.t, label))
-	ac.Subdomain, ac.InstanceID, ac.DialTimeout = sub, instance, 10*(faultTTL/10)
-	ac.HeartbeatInterval, ac.HeartbeatTimeout = faultTTL/40, faultLength/4
+	ac.Subdomain, ac.InstanceID, ac.DialTimeout = sub, instance, 10*faultCall
+	ac.HeartbeatInterval, ac.HeartbeatTimeout = faultCall/4, faultLength/4
 	return tunneltest.StartAgent(r.t, ac)
 }
 
@@ -405,9 +406,9 @@ func underFault(t *testing.T, r *rig, begin, end func()) {
 	t1 := time.Now()
 	tr.halt()
 	for e, after := range r.routeStats() {
-		slow, slowest := tr.slow(e, t0, t1, faultTTL/10)
+		slow, slowest := tr.slow(e, t0, t1, faultCall)
 		figure(t, "e%d routes during the fault: %d from the cache, %d read from etcd, %d failed; %d visits took longer than %v, the slowest %v",
-			e, after.Cached-routes[e].Cached, after.Reread-routes[e].Reread, after.Failed-routes[e].Failed, slow, faultTTL/10, slowest.Round(time.Millisecond))
+			e, after.Cached-routes[e].Cached, after.Reread-routes[e].Reread, after.Failed-routes[e].Failed, slow, faultCall, slowest.Round(time.Millisecond))
 	}
 	for e := range r.edges {
 		ok, all, fails := tr.share(e, t0, t1)
@@ -438,11 +439,9 @@ func testMemberFrozen(t *testing.T) {
 }
 
 // testMemberFrozenLongCalls: testMemberFrozen on edges whose call
-// timeout (a tenth of longCallTTL) is longer than their route staleness.
+// timeout (longCall) is longer than their route staleness.
 func testMemberFrozenLongCalls(t *testing.T) {
-	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) {
-		ec.LeaseTTL, ec.RouteStaleness = longCallTTL, faultStaleness
-	})
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) { ec.CallTimeout = longCall })
 	m := r.follower()
 	t.Logf("m%d freezes", m)
 	underFault(t, r, func() { r.freeze(m) }, r.heal)
@@ -459,7 +458,7 @@ func testMemberCut(t *testing.T) {
 // slowDelay is how late a slow member's bytes are, each way: its calls
 // take two of it, longer than the edges' call timeout and shorter than
 // their lease may go unrenewed.
-const slowDelay = 3 * (faultTTL / 10) / 4
+const slowDelay = 3 * faultCall / 4
 
 // testMemberSlow: a member every edge uses answers every call, but late:
 // each byte to and from it takes slowDelay (a member overloaded, or far).
@@ -488,14 +487,14 @@ func testMemberApplyStalled(t *testing.T) {
 	underFault(t, r, func() { resume = r.etcd.StallApply(m) }, func() { resume() })
 }
 
-// longCallTTL is WatchFrozenTakeoverLongCalls' lease TTL: its call
-// timeout, a tenth of it, is longer than the route staleness.
-const longCallTTL = 15 * faultStaleness
+// longCall is the LongCalls scenarios' call timeout: longer than the
+// route staleness.
+const longCall = 3 * faultStaleness / 2
 
 // testWatchFrozenTakeover: the member carrying edge e0's watch hangs for
 // e0 alone, and the agent of a name held on e0 takes it over through e1
-// (same instance, a new session), on edges of lease TTL ttl and the
-// default route staleness. Visitors sample every edge continuously: no
+// (same instance, a new session), on edges of call timeout callTimeout
+// and the default route staleness. Visitors sample every edge continuously: no
 // edge may route a visitor to the old session later than the staleness
 // bound after the takeover. A visit is routed after it starts and before
 // it ends, and the takeover committed before the test's own watch of etcd
@@ -505,19 +504,12 @@ const longCallTTL = 15 * faultStaleness
 // waited for a CPU: that is a figure.
 //
 // Two things end e0's route to the old session: a confirm round finds
-// the watch silent a call timeout (a tenth of the TTL) after it asked
-// and replaces it, or the bound runs out and e0 reads the name from etcd.
-// With the default TTL the replacement mostly comes first, so a cache
-// trusted past the bound would pass unseen; with longCallTTL the bound
-// always comes first. But there a confirm read sent to the hung member
-// runs out (at half the staleness) before it would be hedged (at half the
-// call timeout), and the rounds that fail so leave the cache unconfirmed:
-// a cache confirmed without its watch would pass unseen as often as not,
-// where the default TTL's hedged reads show it every time.
-func testWatchFrozenTakeover(t *testing.T, ttl time.Duration) {
-	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) {
-		ec.LeaseTTL, ec.RouteStaleness = ttl, faultStaleness
-	})
+// the watch silent a call timeout after it asked and replaces it, or the
+// bound runs out and e0 reads the name from etcd. With the default call
+// timeout the replacement mostly comes first, so a cache trusted past the
+// bound would pass unseen; with longCall the bound always comes first.
+func testWatchFrozenTakeover(t *testing.T, callTimeout time.Duration) {
+	r := newRig(t, etcdtest.ClusterOptions{}, "", "", func(ec *registry.EtcdConfig) { ec.CallTimeout = callTimeout })
 	inst := fmt.Sprintf("%032x", r.insts.Add(1))
 	r.agentOf(0, "app", "old", inst).WaitOnline(t)
 	r.reach("app", "old", time.Now())

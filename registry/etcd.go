@@ -16,10 +16,8 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"golang.org/x/sync/singleflight"
-	"google.golang.org/grpc"
 )
 
 // ErrUnavailable is returned by a cluster store that cannot vouch for its
@@ -28,6 +26,14 @@ var ErrUnavailable = errors.New("registry: cluster registry unavailable")
 
 // DefaultEtcdPrefix is where the cluster keeps its keys.
 const DefaultEtcdPrefix = "/ngstone/v1/"
+
+// DefaultLeaseTTL is the node lease's TTL: concurrency.Session's. A hung
+// member holds the lease's keep-alive stream until gRPC's keepalive drops
+// it (10s and its timeout), which two thirds of it outlast with room.
+const DefaultLeaseTTL = 60 * time.Second
+
+// DefaultRouteStaleness is the route cache's default bound.
+const DefaultRouteStaleness = 2 * time.Second
 
 // bindAttempts bounds the optimistic retries of one Bind under contention.
 const bindAttempts = 64
@@ -47,19 +53,20 @@ type EtcdConfig struct {
 	// Node is this edge's name, unique in the cluster.
 	Node string
 	// LeaseTTL is the life of the node lease without renewal: an edge cut
-	// off from etcd loses its bindings after it. Zero means 10s; it is
-	// rounded up to whole seconds.
+	// off from etcd loses its bindings after it. Zero means DefaultLeaseTTL;
+	// it is rounded up to whole seconds.
 	LeaseTTL time.Duration
 	// CallTimeout bounds one call to etcd. A call that runs out is made
-	// again (the client sends it to a member of its choice) when repeating
-	// it changes nothing: reads, lease renewals, session records. A
-	// transaction that runs out is never sent again blindly: its outcome
-	// is read back first. Zero means a tenth of LeaseTTL.
+	// again (the client sends it to another member) when repeating it
+	// changes nothing: reads, session records. A transaction that runs out
+	// is never sent again blindly: its outcome is read back first. Zero
+	// means a tenth of LeaseTTL, at most 1s.
 	CallTimeout time.Duration
 	// RouteStaleness is the longest the route cache is trusted after etcd
 	// last confirmed it current; past it, Route reads each hostname from
 	// etcd (linearizable) before answering. It bounds how long two edges
-	// may route one hostname differently. Zero means a fifth of LeaseTTL.
+	// may route one hostname differently. Zero means DefaultRouteStaleness,
+	// or a fifth of LeaseTTL when that is less.
 	RouteStaleness time.Duration
 	// RetryInterval paces attempts to regain a lost lease; zero means 1s.
 	RetryInterval time.Duration
@@ -83,7 +90,7 @@ type Hooks struct {
 
 // Etcd is the cluster Store: several edges share one etcd, through etcd's
 // own Go client (its balancer spreads calls over the members and moves off
-// one that fails; it refreshes auth tokens).
+// one that fails; it refreshes auth tokens; its lessor renews the lease).
 //
 // Keys, under Prefix:
 //
@@ -116,14 +123,21 @@ type Etcd struct {
 	addr        string
 	hooks       Hooks
 	cli         *clientv3.Client
+	lessor      clientv3.Lease // renews the node lease, noting when (sendTimes)
+	members     members        // where key-value calls and the watch go
+	watchTurn   int            // the member of the current watch; the watch loop's
 	callTimeout time.Duration
 	opBudget    time.Duration // all attempts of one store operation: ten calls, at least the lease TTL
 	staleness   time.Duration
 
-	mu     sync.Mutex
-	closed bool
-	lease  clientv3.LeaseID
-	ready  bool
+	mu      sync.Mutex
+	closed  bool
+	lease   clientv3.LeaseID
+	ready   bool
+	renewed struct {
+		id   clientv3.LeaseID
+		sent time.Time // when its last answered renewal was sent
+	}
 	open   map[uint64]struct{} // sessions of this node opened and not closed
 	routes map[string]Binding
 	tombs  map[string]tomb  // hostnames deleted, so a late event cannot revive them
@@ -131,13 +145,6 @@ type Etcd struct {
 	pruned time.Time
 	nodes  map[string]string
 	fresh  freshness
-
-	members  members // where the lease's keep-alive lanes go (renew)
-	watchers members // where the watch goes, in turn (watchFrom)
-
-	writersMu     sync.Mutex
-	writers       members // where the attempts of writes go that are retried, not hedged (spread)
-	writersClosed bool
 
 	flight  singleflight.Group // one read per hostname at a time
 	rereads chan struct{}      // bounds the hostnames read at once
@@ -175,16 +182,16 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		cfg.Prefix = DefaultEtcdPrefix
 	}
 	if cfg.LeaseTTL <= 0 {
-		cfg.LeaseTTL = 10 * time.Second
+		cfg.LeaseTTL = DefaultLeaseTTL
 	}
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = time.Second
 	}
 	if cfg.CallTimeout <= 0 {
-		cfg.CallTimeout = cfg.LeaseTTL / 10
+		cfg.CallTimeout = min(cfg.LeaseTTL/10, time.Second)
 	}
 	if cfg.RouteStaleness <= 0 {
-		cfg.RouteStaleness = cfg.LeaseTTL / 5
+		cfg.RouteStaleness = min(cfg.LeaseTTL/5, DefaultRouteStaleness)
 	}
 	log := cfg.Log
 	if log == nil {
@@ -195,11 +202,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 10*cfg.CallTimeout), staleness: cfg.RouteStaleness,
 		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{}, now: time.Now,
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
-		rereads: make(chan struct{}, maxRereads),
-		// Edges do not all start on one member.
-		members:  members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
-		watchers: members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
-		writers:  members{turn: rand.IntN(max(len(cfg.Endpoints), 1))},
+		rereads: make(chan struct{}, maxRereads), watchTurn: rand.IntN(1 << 20),
 	}
 }
 
@@ -219,7 +222,7 @@ func (s *Etcd) Start(ctx context.Context, addr string, hooks Hooks) (err error) 
 			s.Close()
 		}
 	}()
-	if s.cli, err = s.dial(); err != nil {
+	if err = s.dial(); err != nil {
 		return fmt.Errorf("cluster: connect to etcd: %w", err)
 	}
 	sent, err := s.register(ctx, true)
@@ -249,9 +252,10 @@ func (s *Etcd) Close() error {
 			s.stop()
 		}
 		s.wg.Wait()
-		s.closeMembers()
+		s.members.close()
 		s.revoke()
 		if s.cli != nil {
+			s.lessor.Close()
 			s.cli.Close()
 		}
 	})
@@ -302,13 +306,7 @@ func (s *Etcd) OpenSession(ctx context.Context, sess Session) error {
 		return err
 	}
 	s.setOpen(sess.ID, true)
-	put := &pb.PutRequest{Key: []byte(s.sessionKey(s.cfg.Node, sess.ID)), Value: val, Lease: int64(lease)}
-	// Retried, not hedged: a hedge answered after CloseSession's delete
-	// would bring a closed session back to life (until reconcile).
-	err = s.spread(ctx, func(ctx context.Context, conn *grpc.ClientConn) error {
-		_, err := pb.NewKVClient(conn).Put(ctx, put)
-		return rpctypes.Error(err)
-	})
+	_, err = s.idempotent(ctx, clientv3.OpPut(s.sessionKey(s.cfg.Node, sess.ID), string(val), clientv3.WithLease(lease)))
 	if err != nil {
 		// A put that etcd applies late is removed by reconcile.
 		s.setOpen(sess.ID, false)
@@ -437,11 +435,7 @@ type held struct {
 // (and for a claim with Reserve, its reservation rr) is still as read.
 // done is false when it was not; then next is the key as read back after
 // a transaction whose answer was lost, the read the next attempt starts
-// from (nil: read again). Starting from it also keeps a retried
-// transaction off the member that held the last one: the client's
-// balancer takes members in turn, and a read-back, a read and a
-// transaction would be three turns, which on three members sends every
-// attempt to the same one.
+// from (nil: read again).
 func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held, rr reserveRead) (res Result, done bool, next *clientv3.GetResponse, err error) {
 	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.rev)}
 	var outcome Outcome
@@ -491,7 +485,7 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
 	if err != nil || !tr.Succeeded {
-		// Applied or not, by this copy or by its hedge: read, never resend.
+		// Applied or not: read, never resend.
 		resp, rerr := s.get(ctx, key)
 		switch {
 		case rerr != nil:
@@ -551,14 +545,12 @@ func keyAt(tr *clientv3.TxnResponse, i int, rev int64) bool {
 }
 
 // Release deletes hostname while sessionID at generation owns it. The
-// delete is sent once per attempt, not hedged: a compare that failed is
-// then this call's own answer (another Release of the same binding won, or
-// a bind replaced it), so two callers never both report the deletion.
-// Only after a delete whose answer was lost does a hostname found gone
-// count as released by this call. Releases are off every visitor's path,
-// so a hung member costs them a call timeout, not a hedge; each attempt
-// goes to another member (see spread). The delete reads the key's
-// reservation too, to start its clock (startReservation).
+// delete is sent once per attempt: a compare that failed is then this
+// call's own answer (another Release of the same binding won, or a bind
+// replaced it), so two callers never both report the deletion. Only after
+// a delete whose answer was lost does a hostname found gone count as
+// released by this call. The delete reads the key's reservation too, to
+// start its clock (startReservation).
 func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generation uint64) (bool, error) {
 	if generation > math.MaxInt64 {
 		return false, nil
@@ -566,7 +558,6 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key, gen := s.hostKey(hostname), int64(generation)
-	m := s.writerTurn()
 	for sent := false; ; {
 		resp, err := s.get(ctx, key)
 		if err != nil {
@@ -581,18 +572,8 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 		if err != nil || old.SessionID != sessionID {
 			return false, err
 		}
-		cmp := clientv3.Compare(clientv3.ModRevision(key), "=", gen)
-		del := &pb.TxnRequest{Compare: []*pb.Compare{cmp.GetCompare()}, Success: []*pb.RequestOp{
-			{Request: &pb.RequestOp_RequestDeleteRange{RequestDeleteRange: &pb.DeleteRangeRequest{Key: []byte(key)}}},
-			{Request: &pb.RequestOp_RequestRange{RequestRange: &pb.RangeRequest{Key: []byte(s.reserveKey(hostname))}}}}}
-		var tr *pb.TxnResponse
-		err = s.once(ctx, func(ctx context.Context) error {
-			return s.onWriter(ctx, m, func(ctx context.Context, conn *grpc.ClientConn) (err error) {
-				tr, err = pb.NewKVClient(conn).Txn(ctx, del)
-				return rpctypes.Error(err)
-			})
-		})
-		m++ // the next attempt goes to another member
+		tr, err := s.txn(ctx, clientv3.OpTxn([]clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", gen)},
+			[]clientv3.Op{clientv3.OpDelete(key), clientv3.OpGet(s.reserveKey(hostname))}, nil))
 		switch {
 		case err != nil && !transient(err):
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)

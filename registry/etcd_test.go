@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -298,10 +297,12 @@ func TestEtcdLeaseLost(t *testing.T) {
 }
 
 // TestEtcdLeaseOnHungMembers: two of the three paths a node has to etcd
-// hang (open, silent) for one and a half times as long as its lease may go
-// unrenewed: its renewals go out on a lane to a member that answers, and
-// it keeps its lease throughout. The three paths lead to one etcd server,
-// so that the hang is of the path alone. About 6 s.
+// hang (open, silent) for as long as its lease may go unrenewed. A
+// renewal stream on a hung path stalls until gRPC's keepalive drops the
+// connection (10 s and two call timeouts); the lessor then renews on the
+// path that answers, and the node keeps its lease: the lease TTL (24 s
+// here) outlasts the keepalive floor. The three paths lead to one etcd
+// server, so that the hang is of the path alone. About 16 s.
 func TestEtcdLeaseOnHungMembers(t *testing.T) {
 	prefix := etcdtest.Prefix(t)
 	var paths []*tunneltest.FaultProxy
@@ -312,7 +313,10 @@ func TestEtcdLeaseOnHungMembers(t *testing.T) {
 	}
 	var h hookLog
 	var cfg registry.EtcdConfig
-	a := startNode(t, eps, prefix, "a", h.hooks(), func(c *registry.EtcdConfig) { cfg = *c })
+	a := startNode(t, eps, prefix, "a", h.hooks(), func(c *registry.EtcdConfig) {
+		c.LeaseTTL, c.CallTimeout = 24*time.Second, 500*time.Millisecond
+		cfg = *c
+	})
 	for _, p := range paths[:2] {
 		p.Block()
 	}
@@ -321,10 +325,10 @@ func TestEtcdLeaseOnHungMembers(t *testing.T) {
 			p.Unblock() // before the node closes, so that it revokes its lease
 		}
 	})
-	hang := 3 * (2 * cfg.LeaseTTL / 3) / 2
+	hang := 2 * cfg.LeaseTTL / 3
 	for start := time.Now(); time.Since(start) < hang; time.Sleep(10 * time.Millisecond) {
 		if lost := h.count(func(h *hookLog) int { return h.lost }); lost != 0 || !a.Ready() {
-			t.Fatalf("%v into the hang of two paths of three: lease lost %d times, ready %v", time.Since(start).Round(time.Millisecond), lost, a.Ready())
+			t.Fatalf("%v into the hang of two paths of three: lease lost %d times, ready %v: %v", time.Since(start).Round(time.Millisecond), lost, a.Ready(), h.lostError())
 		}
 	}
 }
@@ -570,20 +574,20 @@ func TestEtcdRouteUnconfirmed(t *testing.T) {
 // by reading it, then its watch moves to the other path and its cache
 // follows: etcd confirms it current again, which only a watch that
 // delivers allows (the read that routed the binding put it in the cache
-// too). The new stream lands on the silent path again as often as not,
-// and is replaced again a round later; gRPC's keepalive would end the
-// silent connection, and the watch with it, only after 11 s. b's lease
-// holds throughout.
+// too). The new stream may land on the silent path again, and is replaced
+// again a round later, until one lands on the other path or gRPC's
+// keepalive drops the silent connection (10 s and two call timeouts).
+// b's lease holds throughout.
 func TestEtcdWatchStalled(t *testing.T) {
 	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	target := strings.TrimPrefix(cli[0], "http://")
 	paths := []*tunneltest.FaultProxy{tunneltest.StartFaultProxy(t, target), tunneltest.StartFaultProxy(t, target)}
 	var hb hookLog
-	// watchReplaced is some twenty rounds of 150 ms plus an eighth, and
-	// a confirm round of up to 156 ms each; under gRPC's keepalive.
-	const staleness, watchReplaced = 500 * time.Millisecond, 8 * time.Second
+	// watchReplaced is gRPC's keepalive, with room for a loaded machine.
+	const staleness, watchReplaced = 500 * time.Millisecond, 14 * time.Second
 	b := startNode(t, []string{"http://" + paths[0].Addr(), "http://" + paths[1].Addr()}, prefix, "b", hb.hooks(), func(c *registry.EtcdConfig) {
-		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 2*time.Second, staleness, 150*time.Millisecond
+		// A lease that outlasts a renewal stream on the silent path.
+		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 30*time.Second, staleness, 150*time.Millisecond
 	})
 	for _, p := range paths {
 		t.Cleanup(p.Unblock)
@@ -623,7 +627,7 @@ func TestEtcdWatchStalled(t *testing.T) {
 	if routed > staleness+time.Second {
 		t.Fatalf("b routed the takeover only after %v (bound %v)", routed, staleness)
 	}
-	for time.Since(frozen) < 3*time.Second { // longer than the lease TTL
+	for time.Since(frozen) < 3*time.Second { // b keeps its lease meanwhile
 		if !b.Ready() {
 			t.Fatal("b lost its lease with one of two paths silent")
 		}
@@ -635,11 +639,12 @@ func TestEtcdWatchStalled(t *testing.T) {
 }
 
 // TestEtcdWatchReplacedAgain: node b reaches one etcd member by three
-// paths; the one carrying its watch goes silent, and so does the next in
-// turn, where b's first replacement goes. etcd's client holds a new watch
-// until its member has created it, so b must end that one too, a round
-// later, for its watch to reach the third path and deliver the change a
-// made meanwhile. Nothing else brings it to b's cache: b reads nothing.
+// paths; the one carrying its watch goes silent, and so does another.
+// etcd's client holds a new watch until its member has created it, so a
+// replacement that lands on a silent path must be ended too, a round
+// later, for b's watch to reach the third path (or gRPC's keepalive to
+// drop the silent ones) and deliver the change a made meanwhile. Nothing
+// else brings it to b's cache: b reads nothing.
 func TestEtcdWatchReplacedAgain(t *testing.T) {
 	cli, prefix := etcdtest.Endpoints(t), etcdtest.Prefix(t)
 	target := strings.TrimPrefix(cli[0], "http://")
@@ -651,7 +656,7 @@ func TestEtcdWatchReplacedAgain(t *testing.T) {
 		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
 	}
 	b := startNode(t, eps, prefix, "b", registry.Hooks{}, func(c *registry.EtcdConfig) {
-		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 2*time.Second, 500*time.Millisecond, 150*time.Millisecond
+		c.LeaseTTL, c.RouteStaleness, c.CallTimeout = 30*time.Second, 500*time.Millisecond, 150*time.Millisecond
 	})
 	a := startNode(t, cli, prefix, "a", registry.Hooks{})
 	first, err := openBind(t, a, claim(instA, 1))
@@ -667,9 +672,9 @@ func TestEtcdWatchReplacedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Below gRPC's keepalive, which would end the silent connections
-	// after 11 s.
-	const replaced = 8 * time.Second
+	// gRPC's keepalive (10 s and two call timeouts), with room for a
+	// loaded machine.
+	const replaced = 14 * time.Second
 	for r, _ := b.Lookup(host); r != second.Binding; r, _ = b.Lookup(host) {
 		if time.Since(frozen) > replaced {
 			t.Fatalf("b's watch did not deliver the second binding within %v of two of its three paths going silent", replaced)
@@ -733,14 +738,14 @@ func TestEtcdStraySessionRecord(t *testing.T) {
 }
 
 // TestEtcdSessionOnHungMember: one of the three paths a node has to etcd
-// hangs (open, silent), and sessions open one after another meanwhile. A
-// session record's put is retried, not hedged, so an attempt that went to
-// the hung member costs a call timeout; the next must go elsewhere. Each
-// put is given three call timeouts: the client's balancer, taking members
-// in turn for every call, put attempt after attempt on the hung member,
-// in step with the confirm rounds' reads (one put took 6.8 s of 1 s
-// attempts). Sessions are opened for a third of gRPC's keepalive, which
-// would drop the hung connection (10 s and more). About 4 s.
+// hangs (open, silent), and sessions open one after another meanwhile. An
+// attempt of a session record's put that went to the hung member costs a
+// call timeout; the next must go elsewhere. Each put is given three call
+// timeouts: the client's balancer, taking members in turn for every call,
+// put attempt after attempt on the hung member, in step with the confirm
+// rounds' reads (one put took 6.8 s of 1 s attempts). Sessions are opened
+// for a third of gRPC's keepalive, which would drop the hung connection
+// (10 s and more). About 4 s.
 func TestEtcdSessionOnHungMember(t *testing.T) {
 	const callTimeout = 300 * time.Millisecond
 	a, paths, _ := threePathNode(t, 10*time.Second, callTimeout, 2*callTimeout)
@@ -758,34 +763,6 @@ func TestEtcdSessionOnHungMember(t *testing.T) {
 		slowest = max(slowest, time.Since(start))
 	}
 	t.Logf("the slowest session record took %v (call timeout %v)", slowest.Round(time.Millisecond), callTimeout)
-}
-
-// TestEtcdConfirmOnHungMember: one of the three paths a node has to etcd
-// hangs, not the watch's, with a route staleness below the call timeout.
-// A confirm round's read has half the staleness; one that went to the
-// hung member must be hedged within it, or every third round fails and
-// the cache goes unconfirmed for a while each time (visitors' routes are
-// then read from etcd, and wait for their own hedge). The cache must stay
-// confirmed throughout: a round that succeeds through its hedge leaves it
-// at most two rounds old. Below gRPC's keepalive, which would drop the
-// hung connection (16 s here). About 10 s.
-func TestEtcdConfirmOnHungMember(t *testing.T) {
-	const staleness = time.Second
-	b, paths, prefix := threePathNode(t, 30*time.Second, 3*staleness, staleness)
-	w := slices.Index(paths, carrier(t, paths, prefix))
-	paths[(w+1)%len(paths)].Block()
-	hung := time.Now()
-	var oldest time.Duration
-	for time.Since(hung) < 10*time.Second {
-		age := b.RouteStats().Age
-		if age > staleness {
-			t.Fatalf("%v into the hang of one path of three, b's cache has gone unconfirmed for %v (staleness %v)",
-				time.Since(hung).Round(time.Millisecond), age.Round(time.Millisecond), staleness)
-		}
-		oldest = max(oldest, age)
-		time.Sleep(5 * time.Millisecond)
-	}
-	t.Logf("b's cache was confirmed at most %v before, throughout (staleness %v)", oldest.Round(time.Millisecond), staleness)
 }
 
 // TestEtcdReleaseOnHungMember: as TestEtcdSessionOnHungMember, for
@@ -845,50 +822,11 @@ func threePathNode(t *testing.T, ttl, callTimeout, staleness time.Duration) (*re
 	return s, paths, prefix
 }
 
-// TestEtcdRouteReadOnHungMember: the path carrying a node's watch hangs,
-// with a route staleness below half the call timeout, so that the cache
-// goes unconfirmed until the silent watch is replaced (a call timeout)
-// and Route reads each name from etcd meanwhile. A read that went first
-// to the hung member must be hedged within the staleness: hedged at half
-// the call timeout, its answer came too late to route by, and Route
-// refused every third read while two members answered at once. About 7 s.
-func TestEtcdRouteReadOnHungMember(t *testing.T) {
-	const staleness = time.Second
-	b, paths, prefix := threePathNode(t, 50*time.Second, 5*staleness, staleness)
-	paths[slices.Index(paths, carrier(t, paths, prefix))].Block()
-	hung := time.Now()
-	// A change the watch cannot deliver: without one, the cache is as
-	// current as etcd, hung watch or not.
-	if _, err := etcdtest.Client(t).Put(context.Background(), prefix+"change", "x"); err != nil {
-		t.Fatal(err)
-	}
-	reads := func() uint64 { return b.RouteStats().Reread }
-	for i, before, stale := 0, reads(), false; !stale || b.RouteStats().Age >= staleness; i++ {
-		if time.Since(hung) > 10*time.Second {
-			t.Fatalf("the cache was not confirmed again within 10s of its watch's path hanging (read %d names)", reads()-before)
-		}
-		// A name of its own each time: one read since the cache went
-		// unconfirmed would be fresh enough for the staleness.
-		_, _, err := b.Route(context.Background(), fmt.Sprintf("n%d.example.com", i))
-		if err != nil {
-			t.Fatalf("%v into the hang of the watch's path, Route refused with two members of three answering: %v",
-				time.Since(hung).Round(time.Millisecond), err)
-		}
-		stale = stale || reads() > before
-	}
-	t.Logf("Route read %d names from etcd while the cache was unconfirmed, all in time; confirmed again %v after the hang", b.RouteStats().Reread, time.Since(hung).Round(time.Millisecond))
-}
-
 // TestEtcdLeaseOnSlowMembers: every path a node has to an etcd with auth
 // on turns slow: each call takes 500 ms, more than the call timeout (300
-// ms) and a quarter of how long the lease may go unrenewed (2 s), as an
-// etcd overloaded, or a node starved, would answer. Renewals are answered
-// late, so the node opens more keep-alive lanes, and each fails, a call
-// timeout after it began: opening a stream fetches an auth token, a call.
-// The lease must hold, as every renewal is answered. When a lane's opening
-// blocked the renewing loop, the slow lane's answers waited behind it,
-// fewer were taken than sent, and the lease was declared lost (seen in
-// AuthChange under six CPU hogs, on all three edges). About 7 s.
+// ms), as an etcd overloaded, or a node starved, would answer. Renewals
+// have no call timeout: answered late, they still count, and the lease
+// must hold. About 6 s.
 func TestEtcdLeaseOnSlowMembers(t *testing.T) {
 	endpoints := etcdtest.StartSeparate(t)
 	enableAuth(t, endpoints)
@@ -899,17 +837,10 @@ func TestEtcdLeaseOnSlowMembers(t *testing.T) {
 		paths, eps = append(paths, p), append(eps, "http://"+p.Addr())
 	}
 	var h hookLog
-	var answering atomic.Bool
 	a := startNode(t, eps, etcdtest.Prefix(t), "a", h.hooks(), func(c *registry.EtcdConfig) {
 		c.Username, c.Password = "root", "rootpw"
-		c.LeaseTTL, c.CallTimeout, c.RouteStaleness = 3*time.Second, 300*time.Millisecond, 600*time.Millisecond
-		c.Log = slog.New(onMessage{"cluster lease lane answered", func() { answering.Store(true) }})
+		c.CallTimeout, c.RouteStaleness = 300*time.Millisecond, 600*time.Millisecond
 	})
-	// The node's lane has fetched its token and answered a renewal: one
-	// that was still opening when every path turned slow would fail, as
-	// every lane after it, and the lease go with them (as it did on a
-	// loaded machine, where the links were up before the lane was).
-	eventually(t, "the node's keep-alive lane to answer", answering.Load)
 	for _, p := range paths {
 		p.Slow(250 * time.Millisecond)
 		t.Cleanup(func() { p.Slow(0) }) // before the node closes, so that it revokes its lease

@@ -22,18 +22,13 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// The calls to etcd. etcd's client balances calls over the members, moves
-// off one whose connection fails and refreshes the auth token; what it
-// does not do is notice a member that keeps its connection open and stops
-// answering before gRPC's keepalive does (10 s at the soonest, plus its
-// timeout), nor put a deadline on a call. So every call here has one
-// (CallTimeout), reads are hedged (hedged), calls that are safe to repeat
-// are repeated (retry), a transaction whose answer was lost is read back,
-// not resent, and the lease is renewed on one more stream, on another
-// member, as soon as no stream has answered within CallTimeout (renew).
-// etcd's own KeepAlive, and concurrency.Session on it, renew on one
-// stream, which a hung member stalls until gRPC's keepalive gives up on
-// the connection: longer than two thirds of the default TTL.
+// The calls to etcd, on etcd's own patterns: each call has a deadline
+// (CallTimeout) and requires a leader; a call safe to repeat is repeated,
+// on the next member (members); a transaction
+// whose answer was lost is read back, never resent; the lease is renewed
+// by the client's KeepAlive. A member that hangs holds the keep-alive
+// stream until gRPC's keepalive drops its connection (keepAliveTime plus
+// its timeout), which the lease TTL must outlast (see EtcdConfig.LeaseTTL).
 
 const (
 	// dialTimeout bounds the first authentication of a client.
@@ -44,16 +39,16 @@ const (
 	maxRereads = 64
 )
 
-// errStalled means etcd did not answer a call within CallTimeout on a
-// stream that is still open: the member behind it may hang.
+// errStalled means etcd did not answer within CallTimeout on a stream
+// that is still open: the member behind it may hang.
 var errStalled = errors.New("registry: no answer from etcd within the call timeout")
 
-// dial makes the etcd client. The endpoints are shuffled, so that edges do
-// not all start on the first member.
-func (s *Etcd) dial() (*clientv3.Client, error) {
+// dial makes the etcd client and the lessor that renews the node lease.
+// The endpoints are shuffled, so that edges do not all start on one member.
+func (s *Etcd) dial() (err error) {
 	eps := slices.Clone(s.cfg.Endpoints)
 	rand.Shuffle(len(eps), func(i, j int) { eps[i], eps[j] = eps[j], eps[i] })
-	return clientv3.New(clientv3.Config{
+	s.cli, err = clientv3.New(clientv3.Config{
 		Endpoints:            eps,
 		TLS:                  s.cfg.TLS,
 		Username:             s.cfg.Username,
@@ -67,6 +62,12 @@ func (s *Etcd) dial() (*clientv3.Client, error) {
 		// the client's own lines are per retried call.
 		Logger: zap.NewNop(),
 	})
+	if err == nil {
+		// The lessor gives up on a lease unanswered for this long (renew's
+		// own bound comes first).
+		s.lessor = clientv3.NewLeaseFromLeaseClient(sendTimes{clientv3.RetryLeaseClient(s.cli), s}, s.cli, s.cfg.LeaseTTL)
+	}
+	return err
 }
 
 // once runs call with a deadline of CallTimeout, requiring a leader: a
@@ -81,13 +82,19 @@ func (s *Etcd) once(ctx context.Context, call func(context.Context) error) error
 }
 
 // retry runs call (once) again while it fails in a way another attempt may
-// not, until ctx or the store operation's budget ends. call must be safe to
-// repeat: a read, or a write whose repetition changes nothing.
-func (s *Etcd) retry(ctx context.Context, call func(context.Context) error) error {
+// not, until ctx or the store operation's budget ends; attempt counts from
+// 0. call must be safe to repeat: a read, or a write whose repetition
+// changes nothing.
+func (s *Etcd) retry(ctx context.Context, call func(ctx context.Context, attempt int) error) error {
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
-	for {
-		err := s.once(ctx, call)
+	for attempt := 0; ; attempt++ {
+		actx, cancelAttempt := ctx, context.CancelFunc(func() {})
+		if attempt == 0 {
+			actx, cancelAttempt = s.firstAttempt(ctx)
+		}
+		err := s.once(actx, func(ctx context.Context) error { return call(ctx, attempt) })
+		cancelAttempt()
 		if err == nil || !transient(err) {
 			return err
 		}
@@ -102,55 +109,23 @@ func (s *Etcd) retry(ctx context.Context, call func(context.Context) error) erro
 	}
 }
 
-// spread runs call as retry does, each attempt on the next member in a
-// turn of its own: the attempt after one that ran out goes to another
-// member. It is for writes that are retried, not hedged. Through the
-// client's balancer, which takes members in turn across every call, the
-// attempts of one call fell in step with the confirm rounds' reads and
-// their hedges, and went to a hung member time after time: one session
-// record's put took 6.8 s of 1 s attempts with one member of three hung,
-// until gRPC's keepalive dropped it.
-func (s *Etcd) spread(ctx context.Context, call func(context.Context, *grpc.ClientConn) error) error {
-	m := s.writerTurn()
-	return s.retry(ctx, func(ctx context.Context) error {
-		m++
-		return s.onWriter(ctx, m-1, call)
-	})
-}
-
-// writerTurn returns the member a write's first attempt goes to, each
-// write's the next.
-func (s *Etcd) writerTurn() int {
-	s.writersMu.Lock()
-	defer s.writersMu.Unlock()
-	s.writers.turn++
-	return s.writers.turn - 1
-}
-
-// onWriter runs call on spread's connection to member m (modulo their
-// number); on none once Close has closed them.
-func (s *Etcd) onWriter(ctx context.Context, m int, call func(context.Context, *grpc.ClientConn) error) error {
-	s.writersMu.Lock()
-	if s.writersClosed {
-		s.writersMu.Unlock()
-		return ErrUnavailable
+// firstAttempt bounds a call's first attempt to half a call timeout, and
+// half the time ctx has: a member that holds it leaves time for another.
+func (s *Etcd) firstAttempt(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := s.callTimeout / 2
+	if dl, ok := ctx.Deadline(); ok {
+		d = min(d, time.Until(dl)/2)
 	}
-	conn, err := s.memberConn(&s.writers, m%len(s.cfg.Endpoints))
-	s.writersMu.Unlock()
-	if err != nil {
-		return err
-	}
-	return call(ctx, conn)
+	return context.WithTimeout(ctx, d)
 }
 
-// jitter returns d give or take a quarter, at random: loops that call etcd
-// at fixed intervals fall into step with each other, and then with the
-// balancer's turns (see confirmLoop).
+// jitter returns d give or take a quarter: loops at fixed intervals fall
+// in step with the balancer's turns and send every call to one member.
 func jitter(d time.Duration) time.Duration {
 	return max(d*3/4+rand.N(d/2+1), time.Millisecond)
 }
 
-// get reads key (linearizable), hedged and retried.
+// get reads key (linearizable), retried.
 func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (*clientv3.GetResponse, error) {
 	// One Op for every attempt: options are closures that may write what
 	// they captured (WithSort does), so they are applied once.
@@ -159,105 +134,115 @@ func (s *Etcd) get(ctx context.Context, key string, opts ...clientv3.OpOption) (
 }
 
 // idempotent runs op, a read or a write whose repetition changes nothing,
-// hedged and retried.
+// retried, each attempt on the next member (members).
 func (s *Etcd) idempotent(ctx context.Context, op clientv3.Op) (clientv3.OpResponse, error) {
 	var resp clientv3.OpResponse
-	err := s.retry(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
-			return s.cli.Do(ctx, op)
-		})
+	first := s.members.next()
+	err := s.retry(ctx, func(ctx context.Context, attempt int) error {
+		kv, err := s.members.kv(s, first+attempt)
+		if err == nil {
+			resp, err = kv.Do(ctx, op)
+		}
 		return err
 	})
 	return resp, err
 }
 
-// txn sends op, a transaction guarded so that it applies at most once
-// however often it is sent (a compare on the key's revision, and a value
-// no other write carries), hedged like a read. An answer that does not
-// settle it (an error, or a compare that failed, maybe because its hedge
-// had applied it) is for the caller to read back.
+// members are key-value clients of one member each, on a connection of
+// its own (the client's Dial: its credentials, token and keepalive) made on
+// first use. A call's first attempt goes to a member at random, the next
+// ones to the members after it, so that the attempt after one that ran out
+// goes elsewhere. Through the balancer, whose turns every call takes, the
+// attempts fell in step with the route cache's checks and went to a hung
+// member time after time.
+type members struct {
+	mu     sync.Mutex
+	kvs    []clientv3.KV
+	conns  []*grpc.ClientConn
+	closed bool
+}
+
+// next returns the member a call's first attempt goes to.
+func (ms *members) next() int { return rand.IntN(1 << 20) }
+
+// kv returns member m's client (m modulo their number).
+func (ms *members) kv(s *Etcd, m int) (clientv3.KV, error) {
+	conn, err := ms.conn(s, m)
+	if err != nil {
+		return nil, err
+	}
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	m %= len(ms.kvs)
+	if ms.kvs[m] == nil {
+		ms.kvs[m] = clientv3.NewKVFromKVClient(pb.NewKVClient(conn), s.cli)
+	}
+	return ms.kvs[m], nil
+}
+
+// conn returns the connection to member m (modulo their number).
+func (ms *members) conn(s *Etcd, m int) (*grpc.ClientConn, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	if ms.closed {
+		return nil, ErrUnavailable
+	}
+	if ms.conns == nil {
+		ms.kvs, ms.conns = make([]clientv3.KV, len(s.cfg.Endpoints)), make([]*grpc.ClientConn, len(s.cfg.Endpoints))
+	}
+	m %= len(ms.conns)
+	if ms.conns[m] == nil {
+		c, err := s.cli.Dial(s.cfg.Endpoints[m])
+		if err != nil {
+			return nil, fmt.Errorf("registry: connect to %s: %w", s.cfg.Endpoints[m], err)
+		}
+		ms.conns[m] = c
+	}
+	return ms.conns[m], nil
+}
+
+// close closes the members' connections, for Close.
+func (ms *members) close() {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.closed = true
+	for _, c := range ms.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// txn sends op, a guarded transaction, once, to the next member. An
+// answer that does not settle it (an error, or a compare that failed) is
+// for the caller to read back.
 func (s *Etcd) txn(ctx context.Context, op clientv3.Op) (*clientv3.TxnResponse, error) {
 	var resp clientv3.OpResponse
-	err := s.once(ctx, func(ctx context.Context) (err error) {
-		resp, err = hedged(ctx, s.hedgeAfter(ctx), func(ctx context.Context) (clientv3.OpResponse, error) {
-			return s.cli.Do(ctx, op)
-		})
+	ctx, cancel := s.firstAttempt(ctx) // an unclear answer is read back: that is the next attempt
+	defer cancel()
+	err := s.once(ctx, func(ctx context.Context) error {
+		kv, err := s.members.kv(s, s.members.next())
+		if err == nil {
+			resp, err = kv.Do(ctx, op)
+		}
 		return err
 	})
 	return resp.Txn(), err
 }
 
-// hedges is how many reads hedged runs at most for one answer: a second
-// one when the first has had half of its time (hedgeAfter).
-const hedges = 2
-
-// hedgeAfter is when an attempt, whose deadline ctx carries, sends its
-// hedge: after half of the time it has, a call timeout or less. A caller
-// that allows less (a confirm round's read has half the route staleness,
-// which may be shorter than a call timeout) still gets its hedge, where
-// half a call timeout would come after its deadline: the rounds whose
-// read went to a hung member all failed.
-func (s *Etcd) hedgeAfter(ctx context.Context) time.Duration {
-	d := s.callTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		d = min(d, time.Until(dl))
-	}
-	return d / 2
-}
-
-// hedged runs call, and again beside it every interval while no answer has
-// come, up to hedges at once: the client sends each to the next member, so
-// a member that holds calls without answering costs an interval, not a
-// whole call timeout. The first answer wins; if every call fails, the last
-// error is returned. call must be safe to repeat.
-func hedged[T any](ctx context.Context, interval time.Duration, call func(context.Context) (T, error)) (T, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() { cancel(); wg.Wait() }() // the losers end at once, canceled
-	type result struct {
-		v   T
-		err error
-	}
-	results := make(chan result, hedges) // the losers' sends never block
-	launch := func() {
-		wg.Go(func() {
-			v, err := call(ctx)
-			results <- result{v, err}
-		})
-	}
-	launch()
-	t := time.NewTicker(max(interval, time.Millisecond))
-	defer t.Stop()
-	for launched, inflight := 1, 1; ; {
-		select {
-		case r := <-results:
-			inflight--
-			if r.err == nil || inflight == 0 && launched == hedges {
-				return r.v, r.err
-			}
-			if inflight == 0 { // failed fast: no need to wait for the tick
-				launch()
-				launched, inflight = launched+1, 1
-			}
-		case <-t.C:
-			if launched < hedges {
-				launch()
-				launched, inflight = launched+1, inflight+1
-			}
-		case <-ctx.Done():
-			var zero T
-			return zero, ctx.Err()
-		}
-	}
-}
-
 // transient reports whether err may pass on another attempt: a deadline,
 // a member that is unreachable, leaderless, overloaded or broken (a member
-// whose raft has stopped answers "raft: stopped", code Unknown). Errors
+// whose raft has stopped answers "raft: stopped", code Unknown), a stale
+// auth token. Errors
 // that another member would repeat (a lease not found, a compacted
 // revision, a refused password, a request too large) are not.
 func transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errStalled) {
+		return true
+	}
+	// The client renews its token on these; the call may have raced a
+	// change of etcd's users or roles.
+	if errors.Is(err, rpctypes.ErrAuthOldRevision) || errors.Is(err, rpctypes.ErrInvalidAuthToken) {
 		return true
 	}
 	var code codes.Code
@@ -276,30 +261,6 @@ func transient(err error) bool {
 	return false
 }
 
-// grant obtains a lease with an ID of its own choosing, so that a grant
-// sent again after a lost answer finds the lease the first one made
-// instead of leaving it orphaned.
-func (s *Etcd) grant(ctx context.Context, ttl int64) (clientv3.LeaseID, error) {
-	id := rand.Int64N(math.MaxInt64-1) + 1
-	lc := pb.NewLeaseClient(s.cli.ActiveConnection())
-	sent := false
-	err := s.retry(ctx, func(ctx context.Context) error {
-		resp, err := lc.LeaseGrant(ctx, &pb.LeaseGrantRequest{TTL: ttl, ID: id}, grpc.WaitForReady(true))
-		err = rpctypes.Error(err)
-		switch {
-		case err != nil && sent && errors.Is(err, rpctypes.ErrLeaseExist):
-			return nil // an earlier attempt made it
-		case err != nil:
-			sent = sent || transient(err)
-			return err
-		case resp.Error != "":
-			return errors.New(resp.Error)
-		}
-		return nil
-	})
-	return clientv3.LeaseID(id), err
-}
-
 // register grants a lease and creates the node key on it. The key must be
 // absent: two live edges with one name would share session keys. With wait,
 // a key left by a dead process is waited out. It returns when the grant was
@@ -310,7 +271,15 @@ func (s *Etcd) register(ctx context.Context, wait bool) (time.Time, error) {
 	key := s.nodeKey(s.cfg.Node)
 	for warned := false; ; {
 		sent := time.Now()
-		lease, err := s.grant(ctx, ttl)
+		var lease clientv3.LeaseID
+		// A grant whose answer was lost leaves a lease with no key: it expires.
+		err := s.retry(ctx, func(ctx context.Context, _ int) error {
+			resp, err := s.cli.Grant(ctx, ttl)
+			if err == nil {
+				lease = resp.ID
+			}
+			return err
+		})
 		if err != nil && warned && ctx.Err() != nil {
 			return sent, s.nameInUse(err)
 		}
@@ -393,7 +362,7 @@ func (s *Etcd) revoke() {
 func (s *Etcd) revokeLease(ctx context.Context, lease clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(ctx, 3*s.callTimeout)
 	defer cancel()
-	err := s.retry(ctx, func(ctx context.Context) error {
+	err := s.retry(ctx, func(ctx context.Context, _ int) error {
 		_, err := s.cli.Revoke(ctx, lease)
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 			return nil
@@ -410,8 +379,7 @@ func (s *Etcd) revokeLease(ctx context.Context, lease clientv3.LeaseID) {
 // can have expired it: the edge stops vouching for its sessions while
 // their bindings still stand, so no other edge can be granted them while
 // this one still routes to them. Then it registers again, every
-// RetryInterval. okSent is when the last answered renewal (or the grant)
-// was sent.
+// RetryInterval. okSent is when the grant was sent.
 func (s *Etcd) keepAlive(ctx context.Context, okSent time.Time) {
 	defer s.wg.Done()
 	for ctx.Err() == nil {
@@ -420,7 +388,7 @@ func (s *Etcd) keepAlive(ctx context.Context, okSent time.Time) {
 			okSent = s.regain(ctx, lease)
 			continue
 		}
-		err := s.renew(ctx, lease, &okSent)
+		err := s.renew(ctx, lease, okSent)
 		if ctx.Err() != nil {
 			return
 		}
@@ -428,325 +396,106 @@ func (s *Etcd) keepAlive(ctx context.Context, okSent time.Time) {
 	}
 }
 
-// errNotRenewed means no renewal was answered for two thirds of the TTL.
-var errNotRenewed = errors.New("registry: no lease renewal answered for two thirds of the lease TTL")
+var (
+	// errNotRenewed means no renewal was answered for two thirds of the TTL.
+	errNotRenewed = errors.New("registry: no lease renewal answered for two thirds of the lease TTL")
+	// errKeepAliveEnded means etcd no longer has the lease, or the lessor
+	// gave up on it.
+	errKeepAliveEnded = errors.New("registry: the lease's keep-alive ended: the lease expired or was revoked")
+)
 
-// renew renews lease every fifth of the TTL on a keep-alive stream. When
-// no stream has answered within CallTimeout, one more is opened (up to
-// maxLanes) on a member that carries none of them, and every renewal goes
-// out on each: a member that hangs stalls one stream and another answers.
-// A slow stream is kept, since its late answers still count, until it
-// fails or its oldest request is as old as the lease may go unrenewed.
-// renew returns when the lease is lost (errNotRenewed) or gone
-// (rpctypes.ErrLeaseNotFound), or ctx ends. *okSent is when the last
-// answered renewal was sent: the lease lives at least LeaseTTL from then.
-func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent *time.Time) error {
+// renew keeps lease alive with the lessor's KeepAlive until the lease is
+// lost (errNotRenewed), gone (errKeepAliveEnded), or ctx ends.
+// okSent is when the last answered renewal (or the grant) was sent.
+func (s *Etcd) renew(ctx context.Context, lease clientv3.LeaseID, okSent time.Time) error {
+	kctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	answers, err := s.lessor.KeepAlive(kctx, lease)
+	if err != nil {
+		return err
+	}
 	lostAfter := 2 * s.cfg.LeaseTTL / 3
-	answers := make(chan answer)
-	var wg sync.WaitGroup
-	var lanes []*lane
-	defer func() {
-		for _, l := range lanes {
-			l.close()
-		}
-		wg.Wait()
-	}()
-	every := time.NewTicker(s.cfg.LeaseTTL / 5)
-	defer every.Stop()
-	check := time.NewTicker(max(s.callTimeout/4, time.Millisecond))
-	defer check.Stop()
+	timer := time.NewTimer(time.Until(okSent.Add(lostAfter)))
+	defer timer.Stop()
 	for {
-		var opened bool
-		lanes, opened = s.tendLanes(ctx, lanes, lostAfter, answers, &wg)
-		send := opened
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case a := <-answers:
-			if a.st != nil && a.err == nil {
-				a.lane.opened(a.st, lease)
-				break
+		case _, ok := <-answers:
+			if !ok {
+				return errKeepAliveEnded
 			}
-			first := !a.lane.heard
-			sent, err := a.lane.answered(a)
-			if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-				return err
+			if sent := s.renewedSent(lease); sent.After(okSent) {
+				okSent = sent
+				timer.Reset(time.Until(okSent.Add(lostAfter)))
 			}
-			if err == nil && first {
-				s.log.Debug("cluster lease lane answered", "member", s.cfg.Endpoints[a.lane.member])
-			}
-			if err == nil && sent.After(*okSent) {
-				*okSent = sent
-			}
-		case <-every.C:
-			send = true
-		case <-check.C:
-		}
-		if send {
-			now := time.Now()
-			for _, l := range lanes {
-				l.send(lease, now)
-			}
-		}
-		if time.Since(*okSent) > lostAfter {
-			return fmt.Errorf("%w: the last answered renewal was sent %v ago; lanes: %s",
-				errNotRenewed, time.Since(*okSent).Round(time.Millisecond), s.describeLanes(lanes))
+		case <-timer.C:
+			return fmt.Errorf("%w: the last answered renewal was sent %v ago", errNotRenewed, time.Since(okSent).Round(time.Millisecond))
 		}
 	}
 }
 
-// describeLanes says where each lane is and how long its oldest renewal
-// has gone unanswered, for the line that reports a lost lease.
-func (s *Etcd) describeLanes(lanes []*lane) string {
-	if len(lanes) == 0 {
-		return "none open"
-	}
-	var out []string
-	for _, l := range lanes {
-		d := "all answered"
-		switch {
-		case l.failed:
-			d = "failed"
-		case l.st == nil:
-			d = fmt.Sprintf("opening for %v", time.Since(l.sent[0]).Round(time.Millisecond))
-		case len(l.sent) > 0:
-			d = fmt.Sprintf("%d unanswered, the oldest for %v", len(l.sent), time.Since(l.sent[0]).Round(time.Millisecond))
-		}
-		out = append(out, s.cfg.Endpoints[l.member]+" ("+d+")")
-	}
-	return strings.Join(out, ", ")
+// sendTimes is the lessor's lease client: it notes when each keep-alive
+// request went out, so that an answer tells when the lease was renewed
+// (its life runs from the request, not from the answer).
+type sendTimes struct {
+	pb.LeaseClient
+	s *Etcd
 }
 
-// maxLanes bounds the keep-alive streams renew keeps open.
-const maxLanes = 3
-
-// tendLanes drops the lanes that failed or can no longer help, and opens
-// one when none is left or none has answered within CallTimeout. opened
-// reports a new lane, which wants a request at once.
-func (s *Etcd) tendLanes(ctx context.Context, lanes []*lane, hopeless time.Duration, answers chan<- answer, wg *sync.WaitGroup) ([]*lane, bool) {
-	keep := lanes[:0]
-	fresh := false
-	for _, l := range lanes {
-		if l.failed || l.behind(hopeless) {
-			s.log.Debug("cluster lease lane dropped", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "unanswered", len(l.sent))
-			l.close()
-			continue
-		}
-		keep = append(keep, l)
-		fresh = fresh || !l.behind(s.callTimeout)
-	}
-	lanes = keep
-	if fresh {
-		return lanes, false
-	}
-	if len(lanes) == maxLanes {
-		i := longestBehind(lanes)
-		lanes[i].close()
-		lanes = slices.Delete(lanes, i, i+1)
-	}
-	l := s.openLane(ctx, s.nextMember(lanes), answers, wg)
-	s.log.Debug("cluster lease lane opened", "member", s.cfg.Endpoints[l.member], "failed", l.failed, "lanes", len(lanes)+1)
-	return append(lanes, l), true
-}
-
-// longestBehind returns the index of the lane to give up for a new one:
-// of those that have not answered yet, if any, else of all, the one whose
-// oldest unanswered request (or opening) is the oldest; each of lanes has
-// one. Not the lane opened first, nor one merely longer behind than a
-// lane still opening: that may be the only one answering, late.
-func longestBehind(lanes []*lane) int {
-	worse := func(a, b *lane) bool {
-		if a.heard != b.heard {
-			return !a.heard
-		}
-		return a.sent[0].Before(b.sent[0])
-	}
-	i := 0
-	for j, l := range lanes {
-		if worse(l, lanes[i]) {
-			i = j
-		}
-	}
-	return i
-}
-
-// members places streams of the store's own: a connection to each member
-// alone (the client's Dial: its credentials, token and keepalive), made
-// when a stream first goes there, and whose turn is next. The client's
-// balanced connection cannot be told where a stream goes: it placed every
-// new keep-alive lane on the hung member that held the lanes before it,
-// until the lease was lost, and a new watch on the hung member its last
-// one was silent on, round after round. The keep-alive lanes and the watch
-// each have their own, which only their loop uses, and spread its own,
-// under writersMu; Close closes the connections.
-type members struct {
-	conns []*grpc.ClientConn
-	turn  int
-}
-
-// nextMember returns the member whose turn it is to carry a lane, passing
-// over those that carry one of lanes already (they are behind, or no lane
-// would be opened).
-func (s *Etcd) nextMember(lanes []*lane) int {
-	n := len(s.cfg.Endpoints)
-	for i := range n {
-		m := (s.members.turn + i) % n
-		if !slices.ContainsFunc(lanes, func(l *lane) bool { return l.member == m }) {
-			s.members.turn += i + 1
-			return m
-		}
-	}
-	m := s.members.turn % n
-	s.members.turn++
-	return m
-}
-
-// memberConn returns ms's connection to member m alone, made on first use
-// (no I/O: gRPC connects when a stream needs it).
-func (s *Etcd) memberConn(ms *members, m int) (*grpc.ClientConn, error) {
-	if ms.conns == nil {
-		ms.conns = make([]*grpc.ClientConn, len(s.cfg.Endpoints))
-	}
-	if ms.conns[m] == nil {
-		c, err := s.cli.Dial(s.cfg.Endpoints[m])
-		if err != nil {
-			return nil, fmt.Errorf("registry: connect to %s: %w", s.cfg.Endpoints[m], err)
-		}
-		ms.conns[m] = c
-	}
-	return ms.conns[m], nil
-}
-
-// closeMembers closes the lanes', the watch's and spread's connections,
-// once their loops have ended.
-func (s *Etcd) closeMembers() {
-	s.writersMu.Lock()
-	s.writersClosed = true
-	s.writersMu.Unlock()
-	for _, c := range slices.Concat(s.members.conns, s.watchers.conns, s.writers.conns) {
-		if c != nil {
-			c.Close()
-		}
-	}
-}
-
-// lane is one keep-alive stream and the send times of its unanswered
-// requests, oldest first (etcd answers a stream's requests in order).
-// Only renew's loop touches a lane.
-type lane struct {
-	member int                           // its index in EtcdConfig.Endpoints
-	st     pb.Lease_LeaseKeepAliveClient // nil while it opens
-	cancel context.CancelFunc
-	gone   chan struct{} // closed by close: its goroutine delivers nothing more
-	closed bool
-	sent   []time.Time
-	heard  bool // it has answered a renewal
-	failed bool
-}
-
-// answer is what a lane's stream delivered: its opening (st, or err) or
-// an answer.
-type answer struct {
-	lane *lane
-	st   pb.Lease_LeaseKeepAliveClient
-	resp *pb.LeaseKeepAliveResponse
-	err  error
-}
-
-// openLane opens a keep-alive stream on member m in the background: the
-// lane counts its first request as sent now, and sends it once the stream
-// has opened (opened). Opening may fetch an auth token, a call that a hung
-// member would hold, and waits for the member's connection: bounded by a
-// call timeout, after which the lane fails. It does not hold renew's loop:
-// a loop held by each opening in turn took the answers of its one slow
-// lane more slowly than it sent their requests, and declared its lease
-// lost though every renewal was answered.
-func (s *Etcd) openLane(ctx context.Context, m int, answers chan<- answer, wg *sync.WaitGroup) *lane {
-	lctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	l := &lane{member: m, cancel: cancel, gone: make(chan struct{}), sent: []time.Time{time.Now()}}
-	conn, err := s.memberConn(&s.members, m)
+func (l sendTimes) LeaseKeepAlive(ctx context.Context, opts ...grpc.CallOption) (pb.Lease_LeaseKeepAliveClient, error) {
+	st, err := l.LeaseClient.LeaseKeepAlive(ctx, opts...)
 	if err != nil {
-		cancel()
-		l.failed = true
-		return l
+		return nil, err
 	}
-	wg.Go(func() {
-		opening := time.AfterFunc(s.callTimeout, cancel)
-		st, err := pb.NewLeaseClient(conn).LeaseKeepAlive(lctx, grpc.WaitForReady(true))
-		if !opening.Stop() && err == nil {
-			err = fmt.Errorf("%w: opening a keep-alive stream", errStalled)
+	return &timedStream{Lease_LeaseKeepAliveClient: st, s: l.s}, nil
+}
+
+// timedStream is a keep-alive stream and the send times of its unanswered
+// requests: etcd answers each, in order.
+type timedStream struct {
+	pb.Lease_LeaseKeepAliveClient
+	s    *Etcd
+	mu   sync.Mutex
+	sent []time.Time
+}
+
+func (t *timedStream) Send(r *pb.LeaseKeepAliveRequest) error {
+	t.mu.Lock()
+	t.sent = append(t.sent, time.Now())
+	t.mu.Unlock()
+	return t.Lease_LeaseKeepAliveClient.Send(r)
+}
+
+func (t *timedStream) Recv() (*pb.LeaseKeepAliveResponse, error) {
+	r, err := t.Lease_LeaseKeepAliveClient.Recv()
+	if err != nil {
+		return r, err
+	}
+	t.mu.Lock()
+	var sent time.Time
+	if len(t.sent) > 0 {
+		sent, t.sent = t.sent[0], t.sent[1:]
+	}
+	t.mu.Unlock()
+	if r.TTL > 0 && !sent.IsZero() {
+		t.s.mu.Lock()
+		if id := clientv3.LeaseID(r.ID); t.s.renewed.id != id || sent.After(t.s.renewed.sent) {
+			t.s.renewed.id, t.s.renewed.sent = id, sent
 		}
-		if !l.deliver(answers, answer{lane: l, st: st, err: err}) || err != nil {
-			return
-		}
-		for {
-			r, err := st.Recv()
-			if !l.deliver(answers, answer{lane: l, resp: r, err: rpctypes.Error(err)}) || err != nil {
-				return
-			}
-		}
-	})
-	return l
+		t.s.mu.Unlock()
+	}
+	return r, nil
 }
 
-// deliver hands a to renew's loop, unless the lane was closed.
-func (l *lane) deliver(answers chan<- answer, a answer) bool {
-	select {
-	case answers <- a:
-		return true
-	case <-l.gone:
-		return false
+// renewedSent returns when the last answered renewal of lease was sent.
+func (s *Etcd) renewedSent(lease clientv3.LeaseID) time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.renewed.id != lease {
+		return time.Time{}
 	}
-}
-
-// opened takes the lane's stream and sends the request counted when the
-// lane was opened.
-func (l *lane) opened(st pb.Lease_LeaseKeepAliveClient, lease clientv3.LeaseID) {
-	l.st = st
-	if err := st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
-		l.failed = true
-	}
-}
-
-// behind reports a request of the lane unanswered for longer than d.
-func (l *lane) behind(d time.Duration) bool {
-	return len(l.sent) > 0 && time.Since(l.sent[0]) > d
-}
-
-func (l *lane) send(lease clientv3.LeaseID, now time.Time) {
-	if l.failed || l.st == nil { // an opening lane sends its request when open
-		return
-	}
-	if err := l.st.Send(&pb.LeaseKeepAliveRequest{ID: int64(lease)}); err != nil {
-		l.failed = true
-		return
-	}
-	l.sent = append(l.sent, now)
-}
-
-// answered takes a's answer to the lane's oldest request and returns when
-// that request was sent.
-func (l *lane) answered(a answer) (time.Time, error) {
-	switch {
-	case a.err != nil:
-		l.failed = true
-		return time.Time{}, a.err
-	case len(l.sent) == 0:
-		return time.Time{}, errors.New("registry: a keep-alive answer to no request")
-	case a.resp.TTL <= 0:
-		return time.Time{}, rpctypes.ErrLeaseNotFound
-	}
-	sent := l.sent[0]
-	l.sent, l.heard = l.sent[1:], true
-	return sent, nil
-}
-
-func (l *lane) close() {
-	l.cancel()
-	if !l.closed {
-		l.closed = true
-		close(l.gone)
-	}
+	return s.renewed.sent
 }
 
 func (s *Etcd) lost(err error) {

@@ -109,8 +109,7 @@ func (s *Etcd) reread(hostname string) error {
 		return fmt.Errorf("%w: %d hostnames being read from etcd already", ErrUnavailable, maxRereads)
 	}
 	// An answer later than the staleness after the read began is of no
-	// use to Route (it is not fresh), and a read given no more than that
-	// hedges within it (hedgeAfter).
+	// use to Route: it is not fresh.
 	ctx, cancel := context.WithTimeout(s.life, min(3*s.callTimeout, s.staleness))
 	defer cancel()
 	if _, _, err := s.read(ctx, hostname); err != nil {
@@ -327,11 +326,12 @@ func (s *Etcd) reload(ctx context.Context) {
 }
 
 // watchFrom runs one watch from revision rev+1, on the next member in
-// turn, until it breaks or confirmLoop ends it.
+// turn, until it breaks or confirmLoop ends it. Through the balancer, a new
+// watch landed on the hung member its last one was silent on, round after
+// round, and the cache went unconfirmed for a call timeout each time.
 func (s *Etcd) watchFrom(ctx context.Context, rev int64) error {
-	m := s.watchers.turn % len(s.cfg.Endpoints)
-	s.watchers.turn++
-	conn, err := s.memberConn(&s.watchers, m)
+	s.watchTurn++
+	conn, err := s.members.conn(s, s.watchTurn)
 	if err != nil {
 		return err
 	}

@@ -22,6 +22,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -111,6 +112,8 @@ type Agent struct {
 	hosts  map[string]*tunnel // every hostname bound, to its tunnel
 
 	wg sync.WaitGroup // abandoned sessions still draining
+
+	current atomic.Pointer[conn] // the session serving, nil between two
 }
 
 // New checks cfg and returns an agent; it does no I/O.
@@ -245,6 +248,17 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		defer stop() // before a.wg.Wait
+	}
+	hctx, stopHealth := context.WithCancel(ctx)
+	defer stopHealth() // before a.wg.Wait
+	for _, t := range a.tunnels {
+		if t.cfg.Pool {
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				t.watchHealth(hctx)
+			}()
+		}
 	}
 	bo := backoff{base: a.cfg.BackoffBase, cap: a.cfg.BackoffCap}
 	for attempt := 0; ; attempt++ {

@@ -160,6 +160,19 @@ type Tunnel struct {
 	// basic_auth_required from the agent and never reaches the local
 	// service.
 	BasicAuth []string `json:"-"`
+	// Pool shares the tunnel's name (or port) with the other agents of the
+	// token that ask for it with Pool: the edge spreads visitors over them
+	// and takes out one whose local service fails. It needs a name
+	// (Subdomain, Hostname; RemotePort for TCP).
+	Pool bool
+	// PoolHealthPath, for an HTTP pool, is a path of the local service
+	// the agent asks every PoolHealthInterval: an answer other than 2xx
+	// takes the agent out of the pool until it answers 2xx again. Empty:
+	// the agent checks that its local service accepts connections.
+	PoolHealthPath string
+	// PoolHealthInterval is how often a pool member checks its local
+	// service. Zero means 2s.
+	PoolHealthInterval time.Duration
 	// HostHeader replaces the Host field of requests to the local service:
 	// "rewrite" gives the local service's own host and port (what a dev
 	// server that checks Host expects), another value that host. Empty
@@ -248,7 +261,8 @@ func DefaultConfig() Config {
 
 // DefaultTunnel returns a tunnel's documented defaults.
 func DefaultTunnel() Tunnel {
-	return Tunnel{UpstreamTimeout: 30 * time.Second, UpstreamDialTimeout: 5 * time.Second, UpstreamProtocol: ProtocolHTTP1}
+	return Tunnel{UpstreamTimeout: 30 * time.Second, UpstreamDialTimeout: 5 * time.Second, UpstreamProtocol: ProtocolHTTP1,
+		PoolHealthInterval: 2 * time.Second}
 }
 
 func setDefault(v *time.Duration, def time.Duration) {
@@ -277,6 +291,7 @@ func (t Tunnel) withDefaults() Tunnel {
 	d := DefaultTunnel()
 	setDefault(&t.UpstreamTimeout, d.UpstreamTimeout)
 	setDefault(&t.UpstreamDialTimeout, d.UpstreamDialTimeout)
+	setDefault(&t.PoolHealthInterval, d.PoolHealthInterval)
 	return t
 }
 
@@ -369,6 +384,9 @@ func validateTunnels(ts []Tunnel) error {
 
 // validate reports the first invalid field of one tunnel.
 func (t Tunnel) validate() error {
+	if err := t.validatePool(); err != nil {
+		return err
+	}
 	switch t.Proto {
 	case "", ProtoHTTP:
 		if t.RemotePort != 0 {
@@ -462,6 +480,37 @@ func (t Tunnel) validateRelay() error {
 		return err
 	}
 	return t.validatePrefixes()
+}
+
+// validatePool checks the tunnel's pool settings, if any.
+func (t Tunnel) validatePool() error {
+	switch {
+	case !t.Pool && t.PoolHealthPath != "":
+		return errors.New("pool-health-path: for a pool's member, with --pool")
+	case !t.Pool:
+		return nil
+	case t.isTCP() && t.RemotePort == 0:
+		return errors.New("pool: a pool shares one port: give --remote-port")
+	case !t.isTCP() && t.Subdomain == "" && t.Hostname == "":
+		return errors.New("pool: a pool shares one name: give --subdomain or --hostname")
+	case t.PoolHealthPath != "" && t.Proto != "" && t.Proto != ProtoHTTP:
+		return errors.New("pool-health-path: an HTTP tunnel's; a TCP or TLS member is checked by a connection to its local service")
+	case t.PoolHealthPath != "" && (!strings.HasPrefix(t.PoolHealthPath, "/") || !validHealthPath(t.PoolHealthPath)):
+		return fmt.Errorf("pool-health-path %q: want a path such as /healthz", t.PoolHealthPath)
+	}
+	return nil
+}
+
+// validHealthPath reports whether p is a request target of visible
+// characters.
+func validHealthPath(p string) bool {
+	for i := 0; i < len(p); i++ {
+		if p[i] <= ' ' || p[i] >= 0x7f {
+			return false
+		}
+	}
+	_, err := url.ParseRequestURI(p)
+	return err == nil
 }
 
 // validateName checks the name the tunnel asks for, if any.

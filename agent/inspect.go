@@ -475,13 +475,18 @@ type apiTunnelConfig struct {
 	VerifyWebhook string `json:"verify_webhook,omitempty"`
 	// OAuth is the provider visitors sign in with at the edge.
 	OAuth string `json:"oauth,omitempty"`
+	// Pool: the name is shared with other agents (--pool); PoolDown is
+	// why this one is out of the pool now.
+	Pool     bool   `json:"pool,omitempty"`
+	PoolDown string `json:"pool_down,omitempty"`
 }
 
 func (in *Inspector) tunnels() []apiTunnel {
 	out := []apiTunnel{}
 	for _, t := range in.a.Status().Endpoints() {
 		out = append(out, apiTunnel{Name: t.Name, URI: "/api/tunnels/" + url.PathEscape(t.Name),
-			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth}})
+			PublicURL: t.PublicURL, Proto: t.Proto, Config: apiTunnelConfig{Addr: t.Local, Inspect: true, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth,
+				Pool: t.Pool, PoolDown: t.Down}})
 	}
 	return out
 }

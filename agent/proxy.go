@@ -372,6 +372,9 @@ func (t *tunnel) answerFailed(w http.ResponseWriter, r *http.Request, x *exchang
 	if x != nil {
 		x.code.Store(code)
 	}
+	if t.cfg.Pool && code == mux.CodeUpstreamUnreachable && isConnectError(err) {
+		w.Header().Set(mux.UnsentHeader, "1") // the edge may try another member
+	}
 	mux.WriteVisitorErrorFor(w, r, code, visitorHost(r))
 }
 

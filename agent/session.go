@@ -63,7 +63,10 @@ func (a *Agent) runSession(ctx context.Context, tc *tls.Config, takeover bool) (
 		a.log.Debug("connect failed", "edge", a.cfg.Edge, "err", err)
 		return false, err
 	}
+	a.current.Store(c)
+	c.tellDown()
 	err = c.run(ctx)
+	a.current.CompareAndSwap(c, nil)
 	if ctx.Err() != nil {
 		a.stopGracefully(c)
 		return true, nil
@@ -403,7 +406,7 @@ func (c *conn) sendBinds() ([]*tunnel, error) {
 			continue
 		}
 		bind := &mux.Bind{Subdomain: name, Takeover: c.takeover, AllowCIDR: t.cfg.AllowCIDR, DenyCIDR: t.cfg.DenyCIDR}
-		bind.Webhook, bind.OAuth = t.cfg.webhook(), t.cfg.oauth()
+		bind.Webhook, bind.OAuth, bind.Pool = t.cfg.webhook(), t.cfg.oauth(), t.cfg.Pool
 		switch {
 		case t.cfg.isTCP():
 			bind.Subdomain, bind.Proto, bind.Port, bind.Label = "", mux.ProtoTCP, port, t.cfg.label()
@@ -579,6 +582,9 @@ func (a *Agent) needs() map[string]string {
 		}
 		if t.cfg.OAuth != "" {
 			need[mux.FeatureOAuth] = "--oauth"
+		}
+		if t.cfg.Pool {
+			need[mux.FeaturePool] = "--pool"
 		}
 		switch t.cfg.Proto {
 		case ProtoTCP:

@@ -82,7 +82,12 @@ type TunnelStatus struct {
 	// (--verify-webhook); empty if none.
 	VerifyWebhook string
 	// OAuth is the provider visitors sign in with (--oauth); empty if none.
-	OAuth      string
+	OAuth string
+	// Pool: the name is shared with the other agents of the token that
+	// asked for it with --pool; Down is why this one's local service is
+	// out of the pool now ("" while it answers).
+	Pool       bool
+	Down       string
 	State      TunnelState
 	Hostname   string   // once bound
 	URL        string   // the first public URL, once bound
@@ -110,6 +115,9 @@ type Endpoint struct {
 	VerifyWebhook string
 	// OAuth is the tunnel's --oauth provider, if any.
 	OAuth string
+	// Pool and Down are the tunnel's (TunnelStatus).
+	Pool bool
+	Down string
 }
 
 // Endpoints lists the public URLs of the tunnels that hold their names,
@@ -130,7 +138,8 @@ func (s Status) Endpoints() []Endpoint {
 			if i > 0 {
 				name += " (" + proto + ")"
 			}
-			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth})
+			out = append(out, Endpoint{Name: name, Tunnel: t.Name, Proto: proto, PublicURL: u, Local: t.Local, VerifyWebhook: t.VerifyWebhook, OAuth: t.OAuth,
+				Pool: t.Pool, Down: t.Down})
 		}
 	}
 	return out

@@ -38,6 +38,7 @@ type tunnel struct {
 	hostHeader string       // the Host the local service gets; "": the visitor's
 	failures   localFailures
 	strays     localFailures
+	health     poolHealth // a pool member's local service
 
 	// Under the agent's mu.
 	ask     string       // the subdomain to ask for; set by the first bind when random
@@ -73,7 +74,7 @@ func newTunnel(a *Agent, cfg Tunnel) (*tunnel, error) {
 	t.auth = newBasicAuth(cfg.BasicAuth)
 	t.headers, _ = parseHeaderRules(cfg) // checked by Validate
 	t.hostHeader = hostHeader(cfg.HostHeader, local)
-	t.st = TunnelStatus{Name: t.name, Local: local.String(), VerifyWebhook: cfg.VerifyWebhook, OAuth: cfg.OAuth, State: TunnelConnecting}
+	t.st = TunnelStatus{Name: t.name, Local: local.String(), VerifyWebhook: cfg.VerifyWebhook, OAuth: cfg.OAuth, Pool: cfg.Pool, State: TunnelConnecting}
 	if cfg.relaysBytes() {
 		t.st.Local = local.Host
 	}

@@ -120,6 +120,9 @@ func warnStray(log *slog.Logger, f *localFailures, args ...any) {
 // the request's connection began with an HTTP/2 frame from the local
 // service.
 func (t *tunnel) localFailed(code string, err error, http2 bool) {
+	if code == mux.CodeUpstreamUnreachable {
+		t.poolFailed(err)
+	}
 	unsaid, due := t.failures.due()
 	if !due {
 		return

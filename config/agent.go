@@ -22,7 +22,7 @@ type Agent struct {
 var httpOnly = []string{"subdomain", "hostname", "request-header-add", "request-header-remove",
 	"response-header-add", "response-header-remove", "upstream-ca-file", "upstream-insecure",
 	"upstream-protocol", "host-header", "basic-auth", "verify-webhook", "verify-webhook-secret-file", "verify-webhook-header",
-	"oauth", "oauth-allow-email", "oauth-allow-domain", "oauth-allow-claim", "oauth-allow-preflight"}
+	"oauth", "oauth-allow-email", "oauth-allow-domain", "oauth-allow-claim", "oauth-allow-preflight", "pool-health-path"}
 
 // NewTCPAgent registers the flags of `ngstone tcp` on fs: the agent's,
 // those only HTTP has hidden (a TCP tunnel refuses them).
@@ -73,6 +73,9 @@ func NewAgent(fs *pflag.FlagSet) *Agent {
 	fs.StringArray("oauth-allow-domain", nil, "with --oauth: a domain whose addresses may visit, e.g. example.com (repeatable)")
 	fs.StringArray("oauth-allow-claim", nil, "with --oauth and an OIDC provider: a claim that lets its holders in, NAME=VALUE, e.g. groups=dev (repeatable)")
 	fs.Bool("oauth-allow-preflight", false, "with --oauth: let CORS preflights (OPTIONS with Origin) through without a sign-in")
+	fs.Bool("pool", false, "share the name (or --remote-port) with the other agents of this token that pass --pool: the edge spreads visitors over them")
+	fs.String("pool-health-path", "", "with --pool: a path of the local service to check; an answer other than 2xx takes this agent out of the pool (default: check that it accepts connections)")
+	fs.Duration("pool-health-interval", agent.DefaultTunnel().PoolHealthInterval, "with --pool: how often to check the local service")
 	fs.StringArray("request-header-add", nil, "header field added to requests to the local service, \"Name: value\" (repeatable)")
 	fs.StringArray("request-header-remove", nil, "header field removed from requests to the local service (repeatable)")
 	fs.StringArray("response-header-add", nil, "header field added to the local service's responses, \"Name: value\" (repeatable)")
@@ -215,7 +218,7 @@ var tunnelKeys = []string{
 	"oauth", "oauth-allow-email", "oauth-allow-domain", "oauth-allow-claim", "oauth-allow-preflight",
 	"request-header-add", "request-header-remove", "response-header-add", "response-header-remove",
 	"upstream-timeout", "upstream-ca-file", "upstream-insecure", "upstream-protocol",
-	"basic-auth", "host-header", "proxy-protocol",
+	"basic-auth", "host-header", "proxy-protocol", "pool", "pool-health-path", "pool-health-interval",
 }
 
 // readTunnel reads into t the tunnel settings l has (has says which).
@@ -284,6 +287,15 @@ func readTunnel(l *loader, t *agent.Tunnel, has func(key string) bool) error {
 			t.HostHeader = l.string(key)
 		case "proxy-protocol":
 			t.ProxyProtocol = e.boolean(l, key)
+		case "pool":
+			t.Pool = e.boolean(l, key)
+		case "pool-health-path":
+			t.PoolHealthPath = l.string(key)
+		case "pool-health-interval":
+			t.PoolHealthInterval = e.dur(l, key)
+			if e.err == nil && t.PoolHealthInterval < 10*time.Millisecond {
+				e.set(fmt.Errorf("%s %s: at least 10ms", key, t.PoolHealthInterval))
+			}
 		}
 	}
 	return e.err

@@ -27,6 +27,15 @@ type Tunnel struct {
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	RemoteAddr    string    `json:"remote_addr"`
 	BoundAt       time.Time `json:"bound_at"`
+	// Pool: the name is shared by Members, each shown as a tunnel of its
+	// own; the fields above are then the pool's (Online: any member is).
+	Pool    bool     `json:"pool,omitempty"`
+	Members []Tunnel `json:"members,omitempty"`
+	// Down, of a member, is why its agent says its local service fails
+	// (it takes no new request meanwhile); Requests is how many requests
+	// and connections it was given.
+	Down     string `json:"down,omitempty"`
+	Requests uint64 `json:"requests,omitempty"`
 }
 
 func (e *Edge) adminHandler() http.Handler {
@@ -117,6 +126,24 @@ func (e *Edge) Tunnels(ctx context.Context) ([]Tunnel, error) {
 // the session holding b: measured now for a session of this edge, or as
 // its edge answered (remote, from remoteSessions) for one of another.
 func (e *Edge) tunnel(b registry.Binding, now time.Time, remote map[string]map[uint64]sessionStatus) Tunnel {
+	if b.Pool {
+		t := Tunnel{Hostname: b.Hostname, URL: first(e.URLs(b.Hostname, b.Proto)), Generation: b.Generation,
+			BoundAt: b.BoundAt.UTC(), Pool: true}
+		for _, m := range b.Members {
+			mt := e.tunnel(m, now, remote)
+			mt.URL = ""
+			if s := e.session(m.SessionID); s != nil && e.local(m) {
+				s.mu.Lock()
+				if st := s.members[b.Hostname]; st != nil {
+					mt.Down, mt.Requests = st.down, st.picked
+				}
+				s.mu.Unlock()
+			}
+			t.Online = t.Online || mt.Online
+			t.Members = append(t.Members, mt)
+		}
+		return t
+	}
 	t := Tunnel{
 		Hostname: b.Hostname, URL: first(e.URLs(b.Hostname, b.Proto)), InstanceID: b.InstanceID,
 		SessionID: b.SessionID, Generation: b.Generation, BoundAt: b.BoundAt.UTC(), Node: b.Node,

@@ -39,13 +39,28 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 		}
 		access.oauth = rule
 	}
+	if m.Pool {
+		var why string
+		switch {
+		case e.cluster != nil:
+			why = "pools are served by an edge that runs alone: this edge is one of a cluster, so run without --pool"
+		case m.Proto == mux.ProtoTCP && m.Port == 0:
+			why = "a pool shares one port: pass --remote-port"
+		case m.Proto != mux.ProtoTCP && m.Subdomain == "" && m.Hostname == "":
+			why = "a pool shares one name: pass --subdomain or --hostname"
+		}
+		if why != "" {
+			return &mux.BindError{Subdomain: m.Subdomain, Hostname: m.Hostname, Code: mux.CodeBadRequest, Message: why}
+		}
+	}
 	var opts *registry.Claim // what the claim adds to a name's
 	switch m.Proto {
 	case "":
+		opts = &registry.Claim{Pool: m.Pool}
 	case mux.ProtoTCP:
 		return e.bindTCP(ctx, s, m, access)
 	case mux.ProtoTLS:
-		opts = &registry.Claim{Proto: mux.ProtoTLS}
+		opts = &registry.Claim{Proto: mux.ProtoTLS, Pool: m.Pool}
 	default:
 		return &mux.BindError{Code: mux.CodeBadRequest, Message: fmt.Sprintf("this edge does not serve %q tunnels: upgrade it", m.Proto)}
 	}
@@ -154,7 +169,7 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		SessionID: s.id, Node: e.nodeName(), Exclusive: exclusive,
 	}
 	if opts != nil {
-		c.Reserve, c.Label, c.Proto = opts.Reserve, opts.Label, opts.Proto
+		c.Reserve, c.Label, c.Proto, c.Pool = opts.Reserve, opts.Label, opts.Proto, opts.Pool
 	}
 	res, err := e.store.Bind(ctx, c)
 	if errors.Is(err, registry.ErrReserved) {
@@ -173,7 +188,16 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 			choose = "choose another --hostname"
 		}
 		holder := e.holder(ctx, host)
-		refused := bindErr(mux.CodeSubdomainTaken, fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", e.publicName(host), choose, e.silentHolder(holder)))
+		msg := fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", e.publicName(host), choose, e.silentHolder(holder))
+		switch {
+		case errors.Is(err, registry.ErrPooled) && c.Pool:
+			msg = fmt.Sprintf("%s is served by a pool this agent cannot join (of another token, or another protocol): %s", e.publicName(host), choose)
+		case errors.Is(err, registry.ErrPooled):
+			msg = fmt.Sprintf("%s is served by a pool of agents (--pool): pass --pool to join it with the same token, or %s", e.publicName(host), choose)
+		case errors.Is(err, registry.ErrNotPooled):
+			msg = fmt.Sprintf("%s is held by an agent that is not in a pool: %s, or restart that agent with --pool too%s", e.publicName(host), choose, e.silentHolder(holder))
+		}
+		refused := bindErr(mux.CodeSubdomainTaken, msg)
 		refused.By = e.holderFor(holder, s.tokenID)
 		return refused
 	}
@@ -189,14 +213,18 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		e.store.Release(ctx, host, s.id, b.Generation)
 		return bindErr(mux.CodeShuttingDown, "the session closed during the bind; retry")
 	}
-	if res.Previous != nil && (res.Previous.SessionID != s.id || res.Previous.Node != b.Node) {
-		e.evict(*res.Previous, &b)
+	if res.Previous != nil {
+		for _, prev := range res.Previous.Owners() {
+			if prev.SessionID != s.id || prev.Node != b.Node {
+				e.evict(prev, &b)
+			}
+		}
 	}
 	e.metrics.bound(res.Outcome)
 	// superseded: a later bind took the name over between the grant and
 	// now; its eviction notice follows this reply (see session.bindMu).
 	s.log.Info("bound", "hostname", host, "generation", b.Generation, "outcome", res.Outcome.String(),
-		"takeover", takeover, "superseded", !added, "visitors", access.String())
+		"takeover", takeover, "superseded", !added, "visitors", access.String(), "pool", c.Pool)
 	urls := e.URLs(host, c.Proto)
 	return &mux.BindOK{Hostname: host, URL: first(urls), Generation: b.Generation, URLs: urls}
 }
@@ -258,7 +286,7 @@ func (e *Edge) tokenBindings(ctx context.Context, s *session, host string) (int,
 // and whose process they restarted. It returns "" for a holder heard from
 // recently, or held by another edge of the cluster.
 func (e *Edge) silentHolder(b *registry.Binding) string {
-	if b == nil || !e.local(*b) {
+	if b == nil || b.Pool || !e.local(*b) {
 		return ""
 	}
 	var silent, window, quiet time.Duration

@@ -274,6 +274,9 @@ func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var err error
 	if rt.s != nil {
 		resp, err = t.local.RoundTrip(req)
+		if rt.pool {
+			resp, err = t.retryPooled(req, rt, resp, err)
+		}
 	} else {
 		resp, err = t.forward(req, rt)
 	}

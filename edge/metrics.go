@@ -39,6 +39,7 @@ type metrics struct {
 	tcpConns    *prometheus.CounterVec // result
 	webhooks    *prometheus.CounterVec // provider
 	oauth       *prometheus.CounterVec // provider, result
+	pools       *prometheus.CounterVec // result
 	tcpBytes    *prometheus.CounterVec // direction
 
 	// classes caches, by status/100, the children a request ends in, so
@@ -80,6 +81,15 @@ const (
 	limitAuthBan         = "auth_ban"         // AuthFailureLimit
 	limitIPDenied        = "ip_denied"        // a binding's --allow-cidr, --deny-cidr
 )
+
+// Results of ngstone_pool_routes_total{result}.
+const (
+	poolRouted  = "routed"
+	poolRetried = "retried"
+	poolNone    = "none"
+)
+
+func (m *metrics) pooled(result string) { m.pools.WithLabelValues(result).Inc() }
 
 // limited counts a bound that was hit.
 func (m *metrics) limited(limit string) { m.limits.WithLabelValues(limit).Inc() }
@@ -148,11 +158,16 @@ func newMetrics(e *Edge) *metrics {
 		Name: "ngstone_oauth_total",
 		Help: "Sign-ins at the edge, by the tunnel's --oauth provider and result: signed_in, denied (403 oauth_denied), required (401 oauth_required), failed (oauth_failed).",
 	}, []string{"provider", "result"})
-	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes, m.webhooks, m.oauth)
+	m.pools = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ngstone_pool_routes_total",
+		Help: "Requests and connections to pooled names, by result: routed (to a member), retried (a request without a body sent to another member after its first could not reach its local service), none (no member could take it: 503 tunnel_offline).",
+	}, []string{"result"})
+	m.reg.MustRegister(m.requests, m.duration, m.bytesIn, m.bytesOut, m.binds, m.evictions, m.sessionEnds, m.limits, m.acceptErrs, m.tcpConns, m.tcpBytes, m.webhooks, m.oauth, m.pools)
 	m.reg.MustRegister(
 		gaugeFunc("ngstone_sessions_active", "Agent sessions open now (hello done).", func() float64 { return float64(e.stateNow().sessions) }),
 		gaugeFunc("ngstone_tunnels_active", "Hostnames bound to a session of this edge now.", func() float64 { return float64(e.stateNow().tunnels) }),
 		gaugeFunc("ngstone_streams_active", "Visitor requests in flight on agent streams now.", func() float64 { return float64(e.stateNow().streams) }),
+		gaugeFunc("ngstone_pool_members_down", "Pool members of this edge whose agent reports its local service down now.", func() float64 { return float64(e.stateNow().down) }),
 		gaugeFunc("ngstone_streams_open", "Streams open to agents now, carrying an exchange or idle between two.", func() float64 { return float64(e.stateNow().open) }),
 		newCertCollector(e.certs, e.cfg.TLS),
 		buildInfo(e.cfg.Version, e.cfg.Commit),
@@ -284,7 +299,7 @@ func (e *Edge) endCause(s *session) string {
 }
 
 // edgeState is what the edge holds at one moment.
-type edgeState struct{ sessions, tunnels, streams, open int }
+type edgeState struct{ sessions, tunnels, streams, open, down int }
 
 func (e *Edge) stateNow() edgeState {
 	e.mu.Lock()
@@ -294,6 +309,11 @@ func (e *Edge) stateNow() edgeState {
 	for _, s := range sessions {
 		s.mu.Lock()
 		st.tunnels += len(s.bindings)
+		for _, m := range s.members {
+			if m.down != "" {
+				st.down++
+			}
+		}
 		s.mu.Unlock()
 		st.streams += s.streams.Count()
 		st.open += s.ys.NumStreams() - 1 // not the control stream

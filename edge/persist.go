@@ -42,9 +42,11 @@ func (e *Edge) openRegistry() error {
 	e.nextSession.Store(e.restoredFloor)
 	bs, _ := b.List(context.Background())
 	e.mu.Lock()
-	for _, r := range bs {
-		e.offline = append(e.offline, offlineBinding{host: r.Hostname, session: r.SessionID, gen: r.Generation,
-			until: r.LastHeard.Add(e.restoredWindow())})
+	for _, b := range bs {
+		for _, r := range b.Owners() {
+			e.offline = append(e.offline, offlineBinding{host: r.Hostname, session: r.SessionID, gen: r.Generation,
+				until: r.LastHeard.Add(e.restoredWindow())})
+		}
 	}
 	e.mu.Unlock()
 	e.log.Info("registry opened", "file", e.cfg.RegistryFile, "bindings", len(bs))
@@ -67,14 +69,14 @@ func (e *Edge) recordHeard() {
 	sessions := e.sessionListLocked()
 	e.mu.Unlock()
 	now := time.Now()
-	held := map[string]registry.HeardAt{}
+	var held []registry.HeardAt
 	for _, s := range sessions {
 		if !s.live(now) {
 			continue
 		}
 		at := time.Unix(0, s.lastBeat.Load())
 		for h, gen := range s.snapshot() {
-			held[h] = registry.HeardAt{Generation: gen, At: at}
+			held = append(held, registry.HeardAt{Hostname: h, Generation: gen, At: at})
 		}
 	}
 	if err := e.persist.Heard(held); err != nil {

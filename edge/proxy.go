@@ -37,6 +37,8 @@ type route struct {
 	relay bool
 	// forwarded: a request another edge of the cluster forwarded.
 	forwarded bool
+	// pool: s is a member of the name's pool, picked for this request.
+	pool bool
 }
 
 type routeKey struct{}
@@ -80,7 +82,13 @@ func (e *Edge) visitorHandler() http.Handler {
 			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelNotFound, host)
 			return
 		}
-		rt := route{node: b.Node, hostname: host, generation: b.Generation}
+		pool := b.Pool
+		var why string
+		if b, why, ok = e.pick(b, nil); !ok {
+			mux.WriteVisitorErrorWhy(w, r, mux.CodeTunnelOffline, host, why)
+			return
+		}
+		rt := route{node: b.Node, hostname: host, generation: b.Generation, pool: pool}
 		if e.local(b) {
 			rt.s = e.session(b.SessionID)
 			if rt.s == nil || !rt.s.live(time.Now()) {
@@ -288,6 +296,7 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 // without a Content-Type is passed on without one (visitorWriter.start).
 func modifyResponse(resp *http.Response) error {
 	resp.Header.Del(routeHeader)
+	resp.Header.Del(mux.UnsentHeader)
 	mux.FilterTrailers(resp)
 	return nil
 }

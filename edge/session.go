@@ -66,6 +66,7 @@ type session struct {
 	bindings map[string]uint64         // hostname -> generation this session holds
 	access   map[string]*visitorAccess // hostname -> who may visit it; nil: anyone
 	fenced   map[string]uint64         // hostname -> highest generation taken from it
+	members  map[string]*memberState   // hostname -> its part in the name's pool
 	draining bool
 
 	closeOnce sync.Once
@@ -259,7 +260,7 @@ func (s *session) register(ctx context.Context) error {
 	}
 	s.hello.Store(true)
 	err := s.send(&mux.HelloOK{SessionID: s.id, HeartbeatTimeoutMS: e.cfg.HeartbeatTimeout.Milliseconds(), MaxResponseHead: e.cfg.MaxResponseHead,
-		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS, mux.FeatureWebhook, mux.FeatureOAuth}})
+		Features: []string{mux.FeatureHostname, mux.FeatureVisitorCIDR, mux.FeatureTCP, mux.FeatureTLS, mux.FeatureWebhook, mux.FeatureOAuth, mux.FeaturePool}})
 	if err != nil {
 		e.unregister(s)
 		return fmt.Errorf("send hello_ok: %w", err)
@@ -356,6 +357,9 @@ func (s *session) handle(ctx context.Context, msg mux.Message) error {
 	case *mux.Unbind:
 		s.e.unbind(ctx, s, m.Hostname)
 		return s.send(&mux.Unbound{Hostname: m.Hostname})
+	case *mux.Health:
+		s.health(m)
+		return nil
 	}
 	return fmt.Errorf("unexpected %s message from agent", msg.MessageType())
 }
@@ -467,6 +471,7 @@ func (s *session) fence(hostname string, gen uint64) (fresh bool, left int) {
 	if g, ok := s.bindings[hostname]; ok && g <= gen {
 		delete(s.bindings, hostname)
 		delete(s.access, hostname)
+		delete(s.members, hostname)
 	}
 	fresh = gen > s.fenced[hostname]
 	if fresh {
@@ -622,6 +627,8 @@ func (e *Edge) holderFor(b *registry.Binding, tokenID string) *mux.Holder {
 	switch {
 	case b == nil:
 		return nil
+	case b.Pool:
+		return &mux.Holder{Pool: true, OtherToken: b.TokenID != tokenID}
 	case b.TokenID != tokenID:
 		return &mux.Holder{OtherToken: true}
 	}

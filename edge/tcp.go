@@ -132,6 +132,9 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	case !ok:
 		return tcpNoTunnel
 	}
+	if b, _, ok = e.pick(b, nil); !ok {
+		return tcpOffline
+	}
 	ip, _ := netip.ParseAddr(hostOf(c.RemoteAddr().String()))
 	rt := route{node: b.Node, hostname: key, generation: b.Generation, relay: true}
 	if e.local(b) {
@@ -318,7 +321,7 @@ func (e *Edge) bindTCP(ctx context.Context, s *session, m *mux.Bind, access *vis
 
 // tcpClaim is what a TCP bind adds to a claim: the reservation.
 func (e *Edge) tcpClaim(m *mux.Bind) *registry.Claim {
-	return &registry.Claim{Reserve: e.cfg.TCPPortReserve, Label: m.Label}
+	return &registry.Claim{Reserve: e.cfg.TCPPortReserve, Label: m.Label, Pool: m.Pool}
 }
 
 // bindAnyPort binds the port kept for the token and m's label when it can

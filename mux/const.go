@@ -64,13 +64,14 @@ const (
 	TypeGoAway       Type = 11 // edge → agent: the edge is shutting down, reconnect
 	TypeError        Type = 12 // edge → agent: a fatal session error (bad hello, unauthorized)
 	TypeRefused      Type = 13 // edge → agent: a request the edge refused for a tunnel (FeatureWebhook)
+	TypeHealth       Type = 14 // agent → edge: a pool member's local service failing or back (FeaturePool)
 )
 
 var typeNames = map[Type]string{
 	TypeHello: "hello", TypeHelloOK: "hello_ok", TypeBind: "bind", TypeBindOK: "bind_ok",
 	TypeBindError: "bind_error", TypeHeartbeat: "heartbeat", TypeHeartbeatAck: "heartbeat_ack",
 	TypeEvicted: "evicted", TypeUnbind: "unbind", TypeUnbound: "unbound", TypeGoAway: "goaway",
-	TypeError: "error", TypeRefused: "refused",
+	TypeError: "error", TypeRefused: "refused", TypeHealth: "health",
 }
 
 func (t Type) String() string {

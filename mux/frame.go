@@ -137,6 +137,8 @@ func newMessage(t Type) Message {
 		return &Error{}
 	case TypeRefused:
 		return &Refused{}
+	case TypeHealth:
+		return &Health{}
 	}
 	return nil
 }

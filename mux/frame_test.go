@@ -24,7 +24,7 @@ func TestWireValues(t *testing.T) {
 		TypeBindOK: {4, "bind_ok"}, TypeBindError: {5, "bind_error"}, TypeHeartbeat: {6, "heartbeat"},
 		TypeHeartbeatAck: {7, "heartbeat_ack"}, TypeEvicted: {8, "evicted"}, TypeUnbind: {9, "unbind"},
 		TypeUnbound: {10, "unbound"}, TypeGoAway: {11, "goaway"}, TypeError: {12, "error"},
-		TypeRefused: {13, "refused"},
+		TypeRefused: {13, "refused"}, TypeHealth: {14, "health"},
 	}
 	for typ, want := range types {
 		if uint8(typ) != want.value || typ.String() != want.name || !typ.Known() {
@@ -34,7 +34,7 @@ func TestWireValues(t *testing.T) {
 	if len(typeNames) != len(types) {
 		t.Errorf("typeNames has %d types, the test pins %d: pin the new one", len(typeNames), len(types))
 	}
-	for _, typ := range []Type{0, 14, 255} {
+	for _, typ := range []Type{0, 15, 255} {
 		if typ.Known() || typ.String() != "unknown" {
 			t.Errorf("type %d: known %v name %q, want unknown", typ, typ.Known(), typ.String())
 		}
@@ -118,6 +118,7 @@ func allMessages() []Message {
 		&GoAway{Reason: "edge shutting down"},
 		&Error{Code: CodeUnauthorized, Message: "no"},
 		&Refused{Hostname: "app.example.com", Method: "POST", Path: "/hook", Code: CodeWebhookUnverified, Reason: "no X-Hub-Signature-256"},
+		&Health{Hostname: "app.example.com", Down: true, Reason: "dial tcp 127.0.0.1:3000: connection refused"},
 	}
 }
 
@@ -218,7 +219,7 @@ func TestReadFrameErrors(t *testing.T) {
 		"short payload":              {append([]byte{6, 0, 0, 0, 9}, `{"seq"`...), io.ErrUnexpectedEOF},
 		"no payload":                 {[]byte{6, 0, 0, 0, 9}, io.ErrUnexpectedEOF},
 		"type zero":                  {[]byte{0, 0, 0, 0, 2, '{', '}'}, ErrUnknownType},
-		"type 14":                    {[]byte{14, 0, 0, 0, 2, '{', '}'}, ErrUnknownType},
+		"type 15":                    {[]byte{15, 0, 0, 0, 2, '{', '}'}, ErrUnknownType},
 		"type 255":                   {[]byte{255, 0, 0, 0, 0}, ErrUnknownType},
 		"too large":                  {[]byte{6, 0, 1, 0, 1}, ErrFrameTooLarge},
 		"too large and unknown type": {[]byte{99, 0x7f, 0, 0, 0}, ErrFrameTooLarge},

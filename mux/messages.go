@@ -82,6 +82,9 @@ const (
 	// FeatureOAuth: bind takes OAuth, and the edge lets in only visitors
 	// signed in with the named provider and on the allow lists.
 	FeatureOAuth = "oauth"
+	// FeaturePool: bind takes Pool, and the agent's Health messages take
+	// its member out of the pool's routing and back.
+	FeaturePool = "pool"
 	// "spare-stream" was listed by edges that took a stream the agent
 	// opened in advance for large uploads; the streams of exchanges now
 	// stay open, and an agent opens none.
@@ -118,6 +121,9 @@ type Bind struct {
 	// OAuth has the edge sign visitors in before a request crosses the
 	// tunnel (FeatureOAuth).
 	OAuth *OAuth `json:"oauth,omitempty"`
+	// Pool shares the name with the other agents of the token that ask
+	// for it with Pool (FeaturePool); it needs a name (no random one).
+	Pool bool `json:"pool,omitempty"`
 }
 
 // OAuth is who may visit a tunnel: visitors signed in with Provider, one
@@ -260,12 +266,18 @@ type Holder struct {
 	// OtherToken: the holder presented another token; nothing else of it
 	// is told.
 	OtherToken bool `json:"other_token,omitempty"`
+	// Pool: the name is held by a pool of agents (--pool).
+	Pool bool `json:"pool,omitempty"`
 }
 
 // String names the holder for a person: "instance DIGEST from ADDR", "an
 // agent with another token", or "" when the edge said nothing of it.
 func (h Holder) String() string {
 	switch {
+	case h.Pool && h.OtherToken:
+		return "a pool of agents with another token"
+	case h.Pool:
+		return "a pool of agents (--pool)"
 	case h.OtherToken:
 		return "an agent with another token"
 	case h.Instance != "" && h.Addr != "":
@@ -296,6 +308,15 @@ type Refused struct {
 	Path     string `json:"path"`
 	Code     string `json:"code"`
 	Reason   string `json:"reason"`
+}
+
+// Health tells the edge that the local service of one of the agent's pool
+// members is failing (Down, with the agent's Reason) or answering again:
+// a member down takes no new request while another can.
+type Health struct {
+	Hostname string `json:"hostname"`
+	Down     bool   `json:"down,omitempty"`
+	Reason   string `json:"reason,omitempty"`
 }
 
 // Unbind releases a hostname gracefully.
@@ -335,3 +356,4 @@ func (*Unbound) MessageType() Type      { return TypeUnbound }
 func (*GoAway) MessageType() Type       { return TypeGoAway }
 func (*Error) MessageType() Type        { return TypeError }
 func (*Refused) MessageType() Type      { return TypeRefused }
+func (*Health) MessageType() Type       { return TypeHealth }

@@ -15,6 +15,12 @@ import (
 // agent) makes up itself rather than relays from the local service.
 const ErrorHeader = "Ngstone-Error"
 
+// UnsentHeader is set by a pool member's agent on its 502
+// upstream_unreachable when nothing of the request reached its local
+// service (the connection was never made): the edge may send a request
+// without a body to another member. The edge drops it.
+const UnsentHeader = "Ngstone-Unsent"
+
 // Visitor error codes, the values of ErrorHeader.
 const (
 	CodeTunnelNotFound      = "tunnel_not_found"
@@ -80,6 +86,12 @@ func VisitorStatus(code string) int {
 // WriteVisitorError answers a visitor with code's status, the ErrorHeader
 // and a one-line body naming host. 503s carry Retry-After.
 func WriteVisitorError(w http.ResponseWriter, code, host string) {
+	writeVisitorError(w, code, host, "")
+}
+
+// writeVisitorError is WriteVisitorError with why, when not empty, said
+// after the code's sentence.
+func writeVisitorError(w http.ResponseWriter, code, host, why string) {
 	e, ok := visitorErrors[code]
 	if !ok {
 		e = visitorErrors[CodeTunnelInterrupted]
@@ -104,7 +116,14 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 		h.Set("WWW-Authenticate", `Basic realm="ngstone", charset="UTF-8"`)
 	}
 	w.WriteHeader(e.status)
-	fmt.Fprintf(w, e.text+" (%s)\n", host, code)
+	fmt.Fprintf(w, e.text+"%s (%s)\n", host, because(why), code)
+}
+
+func because(why string) string {
+	if why == "" {
+		return ""
+	}
+	return ": " + why
 }
 
 // WriteVisitorErrorFor is WriteVisitorError for the request r: a gRPC
@@ -112,8 +131,14 @@ func WriteVisitorError(w http.ResponseWriter, code, host string) {
 // read, a grpc-status in a response without a body (gRPC's Trailers-Only),
 // beside the same status and ErrorHeader.
 func WriteVisitorErrorFor(w http.ResponseWriter, r *http.Request, code, host string) {
+	WriteVisitorErrorWhy(w, r, code, host, "")
+}
+
+// WriteVisitorErrorWhy is WriteVisitorErrorFor with why, when not empty,
+// said after the code's sentence: what a person can act on.
+func WriteVisitorErrorWhy(w http.ResponseWriter, r *http.Request, code, host, why string) {
 	if !IsGRPC(r) {
-		WriteVisitorError(w, code, host)
+		writeVisitorError(w, code, host, why)
 		return
 	}
 	e, ok := visitorErrors[code]
@@ -124,7 +149,7 @@ func WriteVisitorErrorFor(w http.ResponseWriter, r *http.Request, code, host str
 	h.Set(ErrorHeader, code)
 	h.Set("Content-Type", "application/grpc")
 	h.Set("Grpc-Status", strconv.Itoa(grpcCode(e.status)))
-	h.Set("Grpc-Message", url.PathEscape(fmt.Sprintf(e.text+" (%s)", host, code)))
+	h.Set("Grpc-Message", url.PathEscape(fmt.Sprintf(e.text+"%s (%s)", host, because(why), code)))
 	h.Set("Content-Length", "0")
 	w.WriteHeader(e.status)
 }

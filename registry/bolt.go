@@ -77,6 +77,10 @@ type boltRecord struct {
 	BoundAt    time.Time `json:"bound_at"`
 	LastHeard  time.Time `json:"last_heard"`
 	Proto      string    `json:"proto,omitempty"`
+	// Pool: the name is shared by Members, whose Proto and TokenID are the
+	// record's.
+	Pool    bool         `json:"pool,omitempty"`
+	Members []boltRecord `json:"members,omitempty"`
 }
 
 // reservationRecord is a reservation as the file, and etcd, keep it; the
@@ -196,12 +200,17 @@ func (s *Bolt) read(tx *bolt.Tx) error {
 	}
 	err := bs.ForEach(func(k, v []byte) error {
 		var r boltRecord
-		if err := json.Unmarshal(v, &r); err != nil || r.Generation == 0 || r.Generation > s.lastGen {
-			return fmt.Errorf("registry %s: %w: binding %q is damaged", s.path, ErrNotRegistry, k)
+		damaged := fmt.Errorf("registry %s: %w: binding %q is damaged", s.path, ErrNotRegistry, k)
+		if err := json.Unmarshal(v, &r); err != nil || r.Pool != (len(r.Members) > 0) {
+			return damaged
 		}
-		h := string(k)
-		s.bindings[h] = Binding{Hostname: h, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
-			Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard, Proto: r.Proto}
+		b := r.binding(string(k))
+		for _, m := range b.Owners() {
+			if m.Generation == 0 || m.Generation > s.lastGen {
+				return damaged
+			}
+		}
+		s.bindings[b.Hostname] = b
 		return nil
 	})
 	if err != nil {
@@ -252,25 +261,17 @@ func (s *Bolt) Bind(_ context.Context, c Claim) (Result, error) {
 		return Result{}, err
 	}
 	old, held := s.bindings[c.Hostname]
-	outcome, err := decide(old, held, c, s.live)
+	next, res, err := bindLocal(old, held, c, s.live, s.lastGen+1, now, now)
 	if err != nil {
 		return Result{}, err
 	}
 	r, reserve := s.reserved.bound(c)
-	if outcome == Unchanged {
-		if err := s.commit(nil, r, reserve); err != nil {
-			return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
-		}
-		return Result{Binding: old, Outcome: Unchanged}, nil
+	var b *Binding
+	if res.Outcome != Unchanged {
+		b = &next
 	}
-	b := Binding{Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID, SessionID: c.SessionID,
-		Node: c.Node, Generation: s.lastGen + 1, BoundAt: now, LastHeard: now, Proto: c.Proto}
-	if err := s.commit(&b, r, reserve); err != nil {
+	if err := s.commit(b, r, reserve); err != nil {
 		return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
-	}
-	res := Result{Binding: b, Outcome: outcome}
-	if held {
-		res.Previous = &old
 	}
 	return res, nil
 }
@@ -310,12 +311,30 @@ func (s *Bolt) commit(b *Binding, r Reservation, reserve bool) error {
 }
 
 func putRecord(tx *bolt.Tx, b Binding) error {
-	v, err := json.Marshal(boltRecord{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID,
-		Node: b.Node, Generation: b.Generation, BoundAt: b.BoundAt, LastHeard: b.LastHeard, Proto: b.Proto})
+	v, err := json.Marshal(recordOf(b))
 	if err != nil {
 		return err
 	}
 	return tx.Bucket(bindingsBucket).Put([]byte(b.Hostname), v)
+}
+
+func recordOf(b Binding) boltRecord {
+	r := boltRecord{InstanceID: b.InstanceID, TokenID: b.TokenID, SessionID: b.SessionID,
+		Node: b.Node, Generation: b.Generation, BoundAt: b.BoundAt, LastHeard: b.LastHeard, Proto: b.Proto, Pool: b.Pool}
+	for _, m := range b.Members {
+		r.Members = append(r.Members, recordOf(m))
+	}
+	return r
+}
+
+func (r boltRecord) binding(host string) Binding {
+	b := Binding{Hostname: host, InstanceID: r.InstanceID, TokenID: r.TokenID, SessionID: r.SessionID,
+		Node: r.Node, Generation: r.Generation, BoundAt: r.BoundAt, LastHeard: r.LastHeard, Proto: r.Proto, Pool: r.Pool}
+	for _, m := range r.Members {
+		m.TokenID, m.Proto = r.TokenID, r.Proto
+		b.Members = append(b.Members, m.binding(host))
+	}
+	return b
 }
 
 func putReservation(tx *bolt.Tx, r Reservation) error {
@@ -333,8 +352,19 @@ func (s *Bolt) Release(_ context.Context, hostname string, sessionID, generation
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	b, ok := s.bindings[hostname]
-	if !ok || b.SessionID != sessionID || b.Generation != generation {
+	if !ok {
 		return false, nil
+	}
+	next, gone, ok := releaseLocal(b, sessionID, generation)
+	if !ok {
+		return false, nil
+	}
+	if !gone {
+		if err := s.db.Update(func(tx *bolt.Tx) error { return putRecord(tx, next) }); err != nil {
+			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
+		}
+		s.bindings[hostname] = next
+		return true, nil
 	}
 	r, started := s.reserved.released(hostname, s.now())
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -372,21 +402,24 @@ func (s *Bolt) ReservedFor(_ context.Context, tokenID, label string) ([]Reservat
 
 // HeardAt is when the holder of a binding, at a generation, was heard from.
 type HeardAt struct {
+	Hostname   string
 	Generation uint64
 	At         time.Time
 }
 
-// Heard records when the holders of these bindings (by hostname) were
-// heard from, in one transaction; a binding that moved on since is left
-// alone.
-func (s *Bolt) Heard(held map[string]HeardAt) error {
+// Heard records when the holders of these bindings were heard from, in
+// one transaction; a binding that moved on since is left alone.
+func (s *Bolt) Heard(held []HeardAt) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var changed []Binding
-	for h, at := range held {
-		if b, ok := s.bindings[h]; ok && b.Generation == at.Generation && at.At.After(b.LastHeard) {
-			b.LastHeard = at.At
-			changed = append(changed, b)
+	changed := map[string]Binding{}
+	for _, at := range held {
+		b, ok := changed[at.Hostname]
+		if !ok {
+			b = s.bindings[at.Hostname]
+		}
+		if heard(&b, at) {
+			changed[at.Hostname] = b
 		}
 	}
 	if len(changed) == 0 {
@@ -407,6 +440,25 @@ func (s *Bolt) Heard(held map[string]HeardAt) error {
 		s.bindings[b.Hostname] = b
 	}
 	return nil
+}
+
+// heard sets the LastHeard of b's owner at.Generation, if it is later.
+func heard(b *Binding, at HeardAt) bool {
+	if !b.Pool {
+		if b.Generation != at.Generation || !at.At.After(b.LastHeard) {
+			return false
+		}
+		b.LastHeard = at.At
+		return true
+	}
+	for i, m := range b.Members {
+		if m.Generation == at.Generation && at.At.After(m.LastHeard) {
+			b.Members = slices.Clone(b.Members)
+			b.Members[i].LastHeard = at.At
+			return true
+		}
+	}
+	return false
 }
 
 // Get returns hostname's binding, from memory.
@@ -437,7 +489,9 @@ func (s *Bolt) LastSession() uint64 {
 	defer s.mu.Unlock()
 	var m uint64
 	for _, b := range s.bindings {
-		m = max(m, b.SessionID)
+		for _, o := range b.Owners() {
+			m = max(m, o.SessionID)
+		}
 	}
 	return m
 }

@@ -40,7 +40,7 @@ func TestBoltSurvivesReopen(t *testing.T) {
 		t.Fatalf("release: %v %v", ok, err)
 	}
 	heard := time.Now().Add(time.Minute).Truncate(time.Millisecond)
-	if err := s.Heard(map[string]registry.HeardAt{"a.example.com": {Generation: a.Binding.Generation, At: heard}, "b.example.com": {Generation: 2, At: heard}}); err != nil {
+	if err := s.Heard([]registry.HeardAt{{Hostname: "a.example.com", Generation: a.Binding.Generation, At: heard}, {Hostname: "b.example.com", Generation: 2, At: heard}}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()

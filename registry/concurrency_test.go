@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -41,7 +42,7 @@ func newHistory(t *testing.T, hosts []string) *history {
 func (h *history) granted(b registry.Binding) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if prev, dup := h.grants[b.Hostname][b.Generation]; dup && prev != b {
+	if prev, dup := h.grants[b.Hostname][b.Generation]; dup && !reflect.DeepEqual(prev, b) {
 		h.t.Errorf("generation %d of %s granted twice: %+v and %+v", b.Generation, b.Hostname, prev, b)
 	}
 	h.grants[b.Hostname][b.Generation] = b
@@ -251,7 +252,7 @@ func testRandomized(t *testing.T, newStore newStoreFunc) {
 		switch {
 		case hist.released[host][top] && ok:
 			t.Errorf("%s: generation %d was released, yet the store holds %+v", host, top, b)
-		case !hist.released[host][top] && (!ok || b != hist.grants[host][top]):
+		case !hist.released[host][top] && (!ok || !reflect.DeepEqual(b, hist.grants[host][top])):
 			t.Errorf("%s: want the last grant %+v, the store holds %+v (%v)", host, hist.grants[host][top], b, ok)
 		}
 	}

@@ -380,6 +380,10 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 	if c.Hostname == "" {
 		return Result{}, fmt.Errorf("registry: bind: empty hostname")
 	}
+	if c.Pool {
+		// Members on several edges would share one key on one edge's lease.
+		return Result{}, errors.New("registry: bind: pools are kept by a single edge's store, not the cluster's")
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key := s.hostKey(c.Hostname)

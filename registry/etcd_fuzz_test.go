@@ -2,6 +2,7 @@ package registry
 
 import (
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -40,7 +41,7 @@ func FuzzEtcdEvent(f *testing.F) {
 			if b.Hostname != h {
 				t.Fatalf("route %q holds binding of %q", h, b.Hostname)
 			}
-			if b == mine {
+			if reflect.DeepEqual(b, mine) {
 				continue
 			}
 			if _, err := s.decode(h, val, rev); err != nil || del {
@@ -49,7 +50,7 @@ func FuzzEtcdEvent(f *testing.F) {
 		}
 		now, still := s.routes[mine.Hostname]
 		ended := !still || now.Node != mine.Node || now.SessionID != mine.SessionID
-		if ended != (len(told) == 1) || len(told) > 1 || (len(told) == 1 && told[0] != mine) {
+		if ended != (len(told) == 1) || len(told) > 1 || (len(told) == 1 && !reflect.DeepEqual(told[0], mine)) {
 			t.Fatalf("cache now %+v (%v); told %+v", now, still, told)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -59,7 +60,7 @@ func TestEtcdReserveAcrossEdges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b's cache to learn the sentinel", func() bool { r, ok := b.Lookup(host); return ok && r == sentinel.Binding })
+	eventually(t, "b's cache to learn the sentinel", func() bool { r, ok := b.Lookup(host); return ok && reflect.DeepEqual(r, sentinel.Binding) })
 	if r, ok := b.Lookup(port); ok {
 		t.Fatalf("b's route cache holds %+v for %s, bound nowhere", r, port)
 	}
@@ -132,17 +133,17 @@ func TestEtcdProtoAcrossEdges(t *testing.T) {
 	}
 	want := res.Binding
 	mustOwn(t, b, want)
-	if got, ok, err := b.Route(ctx, c.Hostname); err != nil || !ok || got != want {
+	if got, ok, err := b.Route(ctx, c.Hostname); err != nil || !ok || !reflect.DeepEqual(got, want) {
 		t.Fatalf("b's Route = %+v, %v, %v; want %+v", got, ok, err, want)
 	}
-	eventually(t, "b's cache to learn the binding", func() bool { r, ok := b.Lookup(c.Hostname); return ok && r == want })
+	eventually(t, "b's cache to learn the binding", func() bool { r, ok := b.Lookup(c.Hostname); return ok && reflect.DeepEqual(r, want) })
 
 	old := `{"instance_id":"` + instB + `","token_id":"tok","session_id":3,"node":"a","bound_at":"2025-01-01T00:00:00Z"}`
 	if _, err := etcdtest.Client(t).Put(ctx, prefix+"hosts/old.example.com", old); err != nil {
 		t.Fatal(err)
 	}
 	list, err := b.List(ctx)
-	if err != nil || len(list) != 2 || list[0].Hostname != "old.example.com" || list[0].Proto != "" || list[1] != want {
+	if err != nil || len(list) != 2 || list[0].Hostname != "old.example.com" || list[0].Proto != "" || !reflect.DeepEqual(list[1], want) {
 		t.Fatalf("b's List = %+v, %v; want the old binding, HTTP, then %+v", list, err, want)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -219,24 +220,24 @@ func TestEtcdAcrossNodes(t *testing.T) {
 	}
 	eventually(t, "b's route cache to learn a's binding", func() bool {
 		r, ok := b.Lookup(host)
-		return ok && r == first.Binding
+		return ok && reflect.DeepEqual(r, first.Binding)
 	})
 	if _, err := openBind(t, b, claim(instB, 1)); err != registry.ErrTaken {
 		t.Fatalf("another instance on b = %v while a's holder is live; want ErrTaken", err)
 	}
 	second, err := openBind(t, b, claim(instA, 2))
-	if err != nil || second.Outcome != registry.SameInstance || second.Previous == nil || *second.Previous != first.Binding {
+	if err != nil || second.Outcome != registry.SameInstance || second.Previous == nil || !reflect.DeepEqual(*second.Previous, first.Binding) {
 		t.Fatalf("same instance on b = %+v, %v", second, err)
 	}
 	eventually(t, "a to hear of the takeover", func() bool {
 		return ha.count(func(h *hookLog) int { return len(h.takenOver) }) == 1
 	})
-	if got := ha.takenOver[0]; got != first.Binding {
+	if got := ha.takenOver[0]; !reflect.DeepEqual(got, first.Binding) {
 		t.Fatalf("a was told %+v, want %+v", got, first.Binding)
 	}
 	eventually(t, "a's route cache to follow", func() bool {
 		r, ok := a.Lookup(host)
-		return ok && r == second.Binding
+		return ok && reflect.DeepEqual(r, second.Binding)
 	})
 	// B's session ends: rule 2 opens at once to any other instance, on any node.
 	if _, err := openBind(t, a, claim(instB, 3)); err != registry.ErrTaken {
@@ -292,7 +293,7 @@ func TestEtcdLeaseLost(t *testing.T) {
 	eventually(t, "a to register again", func() bool { return ha.count(func(h *hookLog) int { return h.regained }) == 1 && a.Ready() })
 	eventually(t, "a's cache to show b's binding", func() bool {
 		r, ok := a.Lookup(host)
-		return ok && r == took.Binding
+		return ok && reflect.DeepEqual(r, took.Binding)
 	})
 }
 
@@ -393,7 +394,7 @@ func TestEtcdSixteenNodesRace(t *testing.T) {
 		}
 		last := wins[len(wins)-1].Binding
 		b, ok, err := nodes[0].Get(context.Background(), hostname)
-		if err != nil || !ok || b != last {
+		if err != nil || !ok || !reflect.DeepEqual(b, last) {
 			t.Fatalf("round %d: registry holds %+v, %v, %v; the last winner was told %+v", round, b, ok, err, last)
 		}
 	}
@@ -528,7 +529,7 @@ func TestEtcdRouteUnconfirmed(t *testing.T) {
 	}
 	eventually(t, "b to route to the first binding", func() bool {
 		r, ok, err := b.Route(ctx, host)
-		return err == nil && ok && r == first.Binding
+		return err == nil && ok && reflect.DeepEqual(r, first.Binding)
 	})
 	proxy.Block()
 	blocked := time.Now()
@@ -555,7 +556,7 @@ func TestEtcdRouteUnconfirmed(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("Route refused %v after b's path went silent (bound %v)", refusedAfter.Round(time.Millisecond), staleness)
-	if r, _ := b.Lookup(host); r != first.Binding {
+	if r, _ := b.Lookup(host); !reflect.DeepEqual(r, first.Binding) {
 		t.Fatalf("b's cache holds %+v; the test needs it stale", r)
 	}
 	if m := b.RouteStats(); m.Failed == 0 || m.Age < staleness {
@@ -564,7 +565,7 @@ func TestEtcdRouteUnconfirmed(t *testing.T) {
 	proxy.Unblock()
 	eventually(t, "b to route to the second binding", func() bool {
 		r, ok, err := b.Route(ctx, host)
-		return err == nil && ok && r == second.Binding
+		return err == nil && ok && reflect.DeepEqual(r, second.Binding)
 	})
 }
 
@@ -598,7 +599,7 @@ func TestEtcdWatchStalled(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return r == first.Binding })
+	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return reflect.DeepEqual(r, first.Binding) })
 
 	watchPath := carrier(t, paths, prefix)
 	watchPath.Block()
@@ -609,7 +610,7 @@ func TestEtcdWatchStalled(t *testing.T) {
 	}
 	eventually(t, "b to route to the second binding", func() bool {
 		r, ok, err := b.Route(ctx, host)
-		return err == nil && ok && r == second.Binding
+		return err == nil && ok && reflect.DeepEqual(r, second.Binding)
 	})
 	routed := time.Since(frozen)
 	for b.RouteStats().Age >= staleness {
@@ -619,7 +620,7 @@ func TestEtcdWatchStalled(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 	}
 	followed := time.Since(frozen)
-	if r, _ := b.Lookup(host); r != second.Binding {
+	if r, _ := b.Lookup(host); !reflect.DeepEqual(r, second.Binding) {
 		t.Fatalf("b's cache holds %+v once confirmed, want %+v", r, second.Binding)
 	}
 	t.Logf("b routed the takeover %v after its watch went silent (bound %v), its cache followed after %v",
@@ -663,7 +664,7 @@ func TestEtcdWatchReplacedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return r == first.Binding })
+	eventually(t, "b to learn the first binding", func() bool { r, _ := b.Lookup(host); return reflect.DeepEqual(r, first.Binding) })
 	w := slices.Index(paths, carrier(t, paths, prefix))
 	paths[w].Block()
 	paths[(w+1)%len(paths)].Block()
@@ -675,7 +676,7 @@ func TestEtcdWatchReplacedAgain(t *testing.T) {
 	// gRPC's keepalive (10 s and two call timeouts), with room for a
 	// loaded machine.
 	const replaced = 14 * time.Second
-	for r, _ := b.Lookup(host); r != second.Binding; r, _ = b.Lookup(host) {
+	for r, _ := b.Lookup(host); !reflect.DeepEqual(r, second.Binding); r, _ = b.Lookup(host) {
 		if time.Since(frozen) > replaced {
 			t.Fatalf("b's watch did not deliver the second binding within %v of two of its three paths going silent", replaced)
 		}

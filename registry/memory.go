@@ -45,25 +45,16 @@ func (m *Memory) Bind(_ context.Context, c Claim) (Result, error) {
 		return Result{}, err
 	}
 	old, held := m.bindings[c.Hostname]
-	outcome, err := decide(old, held, c, m.live)
+	next, res, err := bindLocal(old, held, c, m.live, m.lastGen+1, now, time.Time{})
 	if err != nil {
 		return Result{}, err
 	}
 	if r, changed := m.reserved.bound(c); changed {
 		m.reserved[c.Hostname] = r
 	}
-	if outcome == Unchanged {
-		return Result{Binding: old, Outcome: Unchanged}, nil
-	}
-	m.lastGen++
-	b := Binding{
-		Hostname: c.Hostname, InstanceID: c.InstanceID, TokenID: c.TokenID,
-		SessionID: c.SessionID, Node: c.Node, Generation: m.lastGen, BoundAt: now, Proto: c.Proto,
-	}
-	m.bindings[c.Hostname] = b
-	res := Result{Binding: b, Outcome: outcome}
-	if held {
-		res.Previous = &old
+	if res.Outcome != Unchanged {
+		m.lastGen++
+		m.bindings[c.Hostname] = next
 	}
 	return res, nil
 }
@@ -92,8 +83,16 @@ func (m *Memory) Release(_ context.Context, hostname string, sessionID, generati
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	b, ok := m.bindings[hostname]
-	if !ok || b.SessionID != sessionID || b.Generation != generation {
+	if !ok {
 		return false, nil
+	}
+	next, gone, ok := releaseLocal(b, sessionID, generation)
+	switch {
+	case !ok:
+		return false, nil
+	case !gone:
+		m.bindings[hostname] = next
+		return true, nil
 	}
 	delete(m.bindings, hostname)
 	if r, changed := m.reserved.released(hostname, m.now()); changed {

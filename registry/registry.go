@@ -1,7 +1,8 @@
 // Package registry decides who owns a public hostname.
 //
 // A bind for a hostname that is already held is resolved by three rules, in
-// order, atomically:
+// order, atomically (a pool, which agents of one token ask for, is the one
+// exception to rule 3: each member is an owner of its own, see Claim.Pool):
 //
 //  1. Same InstanceID and token: takeover at once, live holder or not.
 //  2. Different instance, holder dead: takeover.
@@ -50,6 +51,12 @@ type Binding struct {
 	// Proto is what the hostname carries: "" for HTTP, "tls" for TLS
 	// passed through to the agent by SNI.
 	Proto string
+	// Pool: the name is shared by Members, agents of TokenID that each
+	// asked for a pool, each an owner with its own instance, session and
+	// generation. The owner fields above are then empty, Generation is the
+	// newest member's and BoundAt the oldest's.
+	Pool    bool
+	Members []Binding
 }
 
 // Claim asks for a hostname on behalf of one session.
@@ -64,6 +71,9 @@ type Claim struct {
 	Exclusive bool
 	// Proto is the binding's Proto.
 	Proto string
+	// Pool joins the pool of the claimant's token that holds Hostname, or
+	// starts one; only a claim with Pool joins a pool.
+	Pool bool
 	// Reserve, when positive, keeps Hostname for TokenID while it is bound
 	// and for Reserve after its last release (a public TCP port): a claim
 	// of another token is refused with ErrReserved meanwhile.
@@ -86,6 +96,8 @@ const (
 	DeadHolder
 	// Unchanged: the claiming session already held it; nothing moved.
 	Unchanged
+	// Joined: another member of the pool was added.
+	Joined
 )
 
 func (o Outcome) String() string {
@@ -98,6 +110,8 @@ func (o Outcome) String() string {
 		return "dead_holder"
 	case Unchanged:
 		return "unchanged"
+	case Joined:
+		return "joined"
 	}
 	return "unknown"
 }
@@ -106,7 +120,8 @@ func (o Outcome) String() string {
 type Result struct {
 	Binding Binding
 	// Previous is the binding that was replaced, when another session held
-	// the hostname: that session must be evicted and fenced.
+	// the hostname (a pool: each of its Owners): that session must be
+	// evicted and fenced. Binding is then the claimant's own, a member.
 	Previous *Binding
 	Outcome  Outcome
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -137,7 +138,7 @@ func mustRefuse(t *testing.T, s registry.Store, c registry.Claim) {
 		t.Fatalf("Bind(%+v) = %+v, %v; want ErrTaken", c, res, err)
 	}
 	after, still := get(t, s, c.Hostname)
-	if held != still || before != after {
+	if held != still || !reflect.DeepEqual(before, after) {
 		t.Fatalf("a refused bind changed the binding from %+v to %+v", before, after)
 	}
 }
@@ -154,14 +155,14 @@ func get(t *testing.T, s registry.Store, hostname string) (registry.Binding, boo
 func mustOwn(t *testing.T, s registry.Store, want registry.Binding) {
 	t.Helper()
 	got, ok := get(t, s, want.Hostname)
-	if !ok || got != want {
+	if !ok || !reflect.DeepEqual(got, want) {
 		t.Fatalf("Get(%s) = %+v, %v; want %+v", want.Hostname, got, ok, want)
 	}
 }
 
 func mustPrevious(t *testing.T, res registry.Result, want registry.Binding) {
 	t.Helper()
-	if res.Previous == nil || *res.Previous != want {
+	if res.Previous == nil || !reflect.DeepEqual(*res.Previous, want) {
 		t.Fatalf("Previous = %+v, want %+v", res.Previous, want)
 	}
 	if res.Binding.Generation <= want.Generation {
@@ -268,7 +269,7 @@ func testUnchanged(t *testing.T, newStore newStoreFunc) {
 	s := newStore(t, newLiveness())
 	first := mustBind(t, s, claim(instA, 1), registry.Created)
 	again, err := s.Bind(context.Background(), claim(instA, 1))
-	if err != nil || again.Outcome != registry.Unchanged || again.Binding != first.Binding || again.Previous != nil {
+	if err != nil || again.Outcome != registry.Unchanged || !reflect.DeepEqual(again.Binding, first.Binding) || again.Previous != nil {
 		t.Fatalf("re-bind by the same session = %+v, %v; want Unchanged with %+v", again, err, first.Binding)
 	}
 	mustOwn(t, s, first.Binding)

@@ -242,6 +242,12 @@ func (m *consoleModel) render() string {
 		if t.OAuth != "" {
 			line += styleDim.Render(" (" + t.OAuth + " sign-in)")
 		}
+		switch {
+		case t.Pool && t.Down != "":
+			line += styleDim.Render(" (pool member, out: " + t.Down + ")")
+		case t.Pool:
+			line += styleDim.Render(" (pool member)")
+		}
 		if len(st.Tunnels) > 1 {
 			line = t.Tunnel + ": " + line
 		}

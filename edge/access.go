@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/ngstone/ngstone/mux"
@@ -72,6 +73,21 @@ func (a *visitorAccess) allows(ip netip.Addr) bool {
 		}
 	}
 	return false
+}
+
+// same reports whether a and b let in the same visitors by the same
+// checks, secrets and allow lists included (String shows neither): a
+// request checked against one may go to the other (a pool's retry).
+func (a *visitorAccess) same(b *visitorAccess) bool {
+	var x, y visitorAccess
+	if a != nil {
+		x = *a
+	}
+	if b != nil {
+		y = *b
+	}
+	return slices.Equal(x.allow, y.allow) && slices.Equal(x.deny, y.deny) &&
+		x.webhook.same(y.webhook) && x.oauth.same(y.oauth)
 }
 
 func (a *visitorAccess) String() string {

@@ -206,7 +206,7 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		return bindErr(mux.CodeUnavailable, "the edge could not record the binding; retrying")
 	}
 	b := res.Binding
-	added := s.addBinding(host, b.Generation, access)
+	added := s.addBinding(host, b.Generation, access, c.Pool)
 	if added && s.isClosed() {
 		// The session ended while the registry granted the bind: its own
 		// cleanup may have run already, so release here (compare-and-delete).

@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ngstone/ngstone/mux"
 	"github.com/ngstone/ngstone/registry"
@@ -100,32 +102,40 @@ func (s *session) member(hostname string) *memberState {
 }
 
 // health takes the agent's word on its local service behind hostname:
-// down, its member takes no new request while another can.
+// down, its member takes no new request while another can. Only a pool
+// member of s has a say; a change only is logged, its reason cut short.
 func (s *session) health(m *mux.Health) {
-	s.mu.Lock()
-	_, held := s.bindings[m.Hostname]
-	if held {
-		why := ""
-		if m.Down {
-			why = m.Reason
-			if why == "" {
-				why = "its local service fails"
-			}
-			why = truncate(why, 200)
+	why := ""
+	if m.Down {
+		why = m.Reason
+		if why == "" {
+			why = "its local service fails"
 		}
-		s.member(m.Hostname).down = why
+		why = truncate(why, 200)
+	}
+	s.mu.Lock()
+	st := s.members[m.Hostname]
+	_, held := s.bindings[m.Hostname]
+	changed := held && st != nil && st.down != why
+	if changed {
+		st.down = why
 	}
 	s.mu.Unlock()
-	if held {
-		s.log.Info("pool member health", "hostname", m.Hostname, "down", m.Down, "reason", m.Reason)
+	if changed {
+		s.log.Info("pool member health", "hostname", m.Hostname, "down", m.Down, "reason", why)
 	}
 }
 
+// truncate cuts s to at most n bytes, never inside a character, and drops
+// what is not UTF-8.
 func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
+	if len(s) > n {
+		for n > 0 && !utf8.RuneStart(s[n]) {
+			n--
+		}
+		s = s[:n]
 	}
-	return s[:n]
+	return strings.ToValidUTF8(s, "")
 }
 
 // retryPooled sends req, which failed on its pool member (the agent could
@@ -147,7 +157,7 @@ func (t *routeTransport) retryPooled(req *http.Request, rt route, resp *http.Res
 		}
 		m, _, ok := t.e.pick(b, tried)
 		s := t.e.session(m.SessionID)
-		if !ok || s == nil || s.accessString(rt.hostname) != rt.s.accessString(rt.hostname) {
+		if !ok || s == nil || !s.accessOf(rt.hostname).same(rt.s.accessOf(rt.hostname)) {
 			// Another member's visitor rules were not the ones checked.
 			return resp, err
 		}
@@ -161,10 +171,9 @@ func (t *routeTransport) retryPooled(req *http.Request, rt route, resp *http.Res
 	}
 }
 
-// accessString is who may visit hostname through s, as a string two
-// members' rules compare by.
-func (s *session) accessString(hostname string) string {
+// accessOf is who may visit hostname through s; nil: anyone.
+func (s *session) accessOf(hostname string) *visitorAccess {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.access[hostname].String()
+	return s.access[hostname]
 }

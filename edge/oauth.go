@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -199,6 +200,15 @@ func (o *oauth) names() string {
 	}
 	slices.Sort(names)
 	return strings.Join(names, ", ")
+}
+
+// same reports whether r and q let in the same visitors; nil is no rule.
+func (r *oauthRule) same(q *oauthRule) bool {
+	if r == nil || q == nil {
+		return r == q
+	}
+	return r.provider == q.provider && r.preflight == q.preflight && slices.Equal(r.emails, q.emails) &&
+		slices.Equal(r.domains, q.domains) && maps.EqualFunc(r.claims, q.claims, slices.Equal)
 }
 
 func (r *oauthRule) String() string {

@@ -405,10 +405,10 @@ func (s *session) holds(hostname string, gen uint64) bool {
 	return ok && g == gen
 }
 
-// addBinding records that the session holds hostname at gen, unless gen
-// was fenced already: a later bind took the name over between the
-// registry's grant and this call.
-func (s *session) addBinding(hostname string, gen uint64, access *visitorAccess) bool {
+// addBinding records that the session holds hostname at gen, as a pool
+// member or not, unless gen was fenced already: a later bind took the name
+// over between the registry's grant and this call.
+func (s *session) addBinding(hostname string, gen uint64, access *visitorAccess, pool bool) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if gen <= s.fenced[hostname] {
@@ -419,6 +419,11 @@ func (s *session) addBinding(hostname string, gen uint64, access *visitorAccess)
 		s.access = map[string]*visitorAccess{}
 	}
 	s.access[hostname] = access
+	if pool {
+		s.member(hostname) // its health counts
+	} else {
+		delete(s.members, hostname)
+	}
 	return true
 }
 

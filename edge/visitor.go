@@ -115,8 +115,10 @@ func (w *visitorWriter) WriteHeader(code int) {
 			clear(w.Header())
 			return
 		}
-		// An informational response goes on with its own fields only.
+		// An informational response goes on with its own fields only,
+		// and never with a pool's Unsent (modifyResponse drops it from the final one).
 		dropHopFields(w.Header())
+		w.Header().Del(mux.UnsentHeader)
 	}
 	if code >= 200 {
 		w.mu.Lock()

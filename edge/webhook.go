@@ -43,6 +43,14 @@ func parseWebhook(w *mux.Webhook) (*webhookCheck, error) {
 	return &webhookCheck{provider: w.Provider, header: http.CanonicalHeaderKey(w.Header), secret: []byte(w.Secret)}, nil
 }
 
+// same reports whether c and d check a request alike; nil is no check.
+func (c *webhookCheck) same(d *webhookCheck) bool {
+	if c == nil || d == nil {
+		return c == d
+	}
+	return c.provider == d.provider && c.header == d.header && hmac.Equal(c.secret, d.secret)
+}
+
 func (c *webhookCheck) String() string {
 	if c.provider == "hmac" {
 		return "webhook=hmac:" + c.header

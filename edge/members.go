@@ -31,7 +31,7 @@ const (
 // b itself, or of a pool the member that is live, up, not draining and
 // not in tried, with the fewest exchanges in flight, ties at random. ok is
 // false when the pool has no such member; why then says why.
-func (e *Edge) pick(b registry.Binding, tried []uint64) (_ registry.Binding, why string, ok bool) {
+func (e *Edge) pick(b registry.Binding, tried []uint64) (registry.Binding, string, bool) {
 	if !b.Pool {
 		return b, "", true
 	}
@@ -69,17 +69,15 @@ func (e *Edge) pick(b registry.Binding, tried []uint64) (_ registry.Binding, why
 			}
 		}
 	}
-	switch {
-	case anyTried:
-		why = whyAllRetried
-	case anyDown:
-		why = whyAllDown
-	default:
-		why = whyNoMember
-	}
 	if best == nil {
 		e.metrics.pooled(poolNone)
-		return registry.Binding{}, why, false
+		switch {
+		case anyTried:
+			return registry.Binding{}, whyAllRetried, false
+		case anyDown:
+			return registry.Binding{}, whyAllDown, false
+		}
+		return registry.Binding{}, whyNoMember, false
 	}
 	best.mu.Lock()
 	best.member(b.Hostname).picked++

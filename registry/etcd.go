@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -138,10 +139,11 @@ type Etcd struct {
 		id   clientv3.LeaseID
 		sent time.Time // when its last answered renewal was sent
 	}
-	open   map[uint64]struct{} // sessions of this node opened and not closed
-	routes map[string]Binding
-	tombs  map[string]tomb  // hostnames deleted, so a late event cannot revive them
-	now    func() time.Time // the reservations' clock
+	open   map[uint64]struct{}            // sessions of this node opened and not closed
+	routes map[string]Binding             // single bindings, and pools sealed from pools
+	pools  map[string]map[string]memberAt // hostname → member id → member
+	tombs  map[string]tomb                // hostnames and members deleted, so a late event cannot revive them
+	now    func() time.Time               // the reservations' clock
 	pruned time.Time
 	nodes  map[string]string
 	fresh  freshness
@@ -200,7 +202,7 @@ func NewEtcd(cfg EtcdConfig) *Etcd {
 	return &Etcd{
 		cfg: cfg, log: log.With("node", cfg.Node),
 		callTimeout: cfg.CallTimeout, opBudget: max(cfg.LeaseTTL, 10*cfg.CallTimeout), staleness: cfg.RouteStaleness,
-		open: map[uint64]struct{}{}, routes: map[string]Binding{}, tombs: map[string]tomb{}, nodes: map[string]string{}, now: time.Now,
+		open: map[uint64]struct{}{}, routes: map[string]Binding{}, pools: map[string]map[string]memberAt{}, tombs: map[string]tomb{}, nodes: map[string]string{}, now: time.Now,
 		fresh:   freshness{verifiedAt: map[string]time.Time{}, progressed: make(chan struct{})},
 		rereads: make(chan struct{}, maxRereads), watchTurn: rand.IntN(1 << 20),
 	}
@@ -380,32 +382,17 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 	if c.Hostname == "" {
 		return Result{}, fmt.Errorf("registry: bind: empty hostname")
 	}
-	if c.Pool {
-		// Members on several edges would share one key on one edge's lease.
-		return Result{}, errors.New("registry: bind: pools are kept by a single edge's store, not the cluster's")
-	}
 	ctx, cancel := context.WithTimeout(ctx, s.opBudget)
 	defer cancel()
 	key := s.hostKey(c.Hostname)
-	var resp *clientv3.GetResponse // the key as last read
 	for range bindAttempts {
 		lease, ready := s.currentLease()
 		if !ready {
 			return Result{}, ErrUnavailable
 		}
-		var err error
-		if resp == nil {
-			if resp, err = s.get(ctx, key); err != nil {
-				return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
-			}
-		}
-		cur := held{}
-		if len(resp.Kvs) > 0 {
-			kv := resp.Kvs[0]
-			if cur.b, err = s.decode(c.Hostname, kv.Value, kv.ModRevision); err != nil {
-				return Result{}, err
-			}
-			cur.ok, cur.rev = true, kv.ModRevision
+		st, err := s.readName(ctx, c.Hostname)
+		if err != nil {
+			return Result{}, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 		}
 		// Read again each attempt, as the binding is: the transaction
 		// commits only while both are as read.
@@ -420,7 +407,11 @@ func (s *Etcd) Bind(ctx context.Context, c Claim) (Result, error) {
 		}
 		var res Result
 		var done bool
-		res, done, resp, err = s.tryBind(ctx, c, lease, key, cur, rr)
+		if c.Pool || len(st.members) > 0 {
+			res, done, err = s.tryPool(ctx, c, lease, st, rr)
+		} else {
+			res, done, err = s.tryBind(ctx, c, lease, key, st.single, rr)
+		}
 		if done || err != nil {
 			return res, err
 		}
@@ -437,23 +428,22 @@ type held struct {
 
 // tryBind decides on the binding read and commits the decision if the key
 // (and for a claim with Reserve, its reservation rr) is still as read.
-// done is false when it was not; then next is the key as read back after
-// a transaction whose answer was lost, the read the next attempt starts
-// from (nil: read again).
-func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held, rr reserveRead) (res Result, done bool, next *clientv3.GetResponse, err error) {
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.rev)}
+// done is false when it was not. No pool may hold the name meanwhile.
+func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key string, cur held, rr reserveRead) (res Result, done bool, err error) {
+	noPool := clientv3.Compare(clientv3.CreateRevision(s.memberPrefix(c.Hostname)), "=", 0).WithPrefix()
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(key), "=", cur.rev), noPool}
 	var outcome Outcome
 	var reread []clientv3.Op // what a failed transaction reads back
 	r, reserve := rr.kept().bound(c)
 	switch old := cur.b; {
 	case !cur.ok:
 		outcome = Created
-		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0)}
+		cmps = []clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(key), "=", 0), noPool}
 	case c.Exclusive:
-		return Result{}, true, nil, ErrTaken
+		return Result{}, true, ErrTaken
 	case old.SessionID == c.SessionID && old.Node == c.Node && sameInstance(old, c):
 		if !reserve {
-			return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
+			return Result{Binding: old, Outcome: Unchanged}, true, nil
 		}
 		outcome = Unchanged // the reservation alone is written
 	case sameInstance(old, c):
@@ -486,22 +476,24 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 	ops = append(ops, clientv3.OpPut(key, string(val), clientv3.WithLease(lease)))
 	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, ops, reread))
 	if err != nil && !transient(err) {
-		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+		return Result{}, true, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	}
 	if err != nil || !tr.Succeeded {
 		// Applied or not: read, never resend.
 		resp, rerr := s.get(ctx, key)
 		switch {
 		case rerr != nil:
-			return Result{}, true, nil, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
+			return Result{}, true, fmt.Errorf("registry: bind %s: read back: %w", c.Hostname, rerr)
 		case holds(resp, val):
 			tr = &clientv3.TxnResponse{Succeeded: true, Header: &pb.ResponseHeader{Revision: resp.Kvs[0].ModRevision}}
 		case err == nil && outcome == DeadHolder && keyAt(tr, 0, cur.rev) && (c.Reserve <= 0 || keyAt(tr, 1, rr.rev)):
 			// The binding (and reservation) was as read, so the holder's
-			// session key stood in the way: it is live (rule 3).
-			return Result{}, true, nil, ErrTaken
+			// session key stood in the way: it is live (rule 3). A pool
+			// is never written beside a binding, so the key would have
+			// changed had one come.
+			return Result{}, true, ErrTaken
 		default:
-			return Result{}, false, resp, nil
+			return Result{}, false, nil
 		}
 	}
 	b.Generation = uint64(tr.Header.Revision)
@@ -510,22 +502,22 @@ func (s *Etcd) tryBind(ctx context.Context, c Claim, lease clientv3.LeaseID, key
 	if cur.ok {
 		res.Previous = &cur.b
 	}
-	return res, true, nil, nil
+	return res, true, nil
 }
 
 // keepReservation writes the reservation of an unchanged binding, old,
 // that the claim changes (its label, or its clock stopped), guarded by
 // cmps. A write that failed or whose answer was lost is for the next
 // attempt to read: applied, it finds nothing left to write.
-func (s *Etcd) keepReservation(ctx context.Context, c Claim, old Binding, cmps []clientv3.Cmp, ops []clientv3.Op) (Result, bool, *clientv3.GetResponse, error) {
+func (s *Etcd) keepReservation(ctx context.Context, c Claim, old Binding, cmps []clientv3.Cmp, ops []clientv3.Op) (Result, bool, error) {
 	tr, err := s.txn(ctx, clientv3.OpTxn(cmps, ops, nil))
 	switch {
 	case err != nil && !transient(err):
-		return Result{}, true, nil, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
+		return Result{}, true, fmt.Errorf("registry: bind %s: %w", c.Hostname, err)
 	case err == nil && tr.Succeeded:
-		return Result{Binding: old, Outcome: Unchanged}, true, nil, nil
+		return Result{Binding: old, Outcome: Unchanged}, true, nil
 	}
-	return Result{}, false, nil, nil
+	return Result{}, false, nil
 }
 
 // holds reports whether the key read holds exactly val: a binding record
@@ -568,7 +560,10 @@ func (s *Etcd) Release(ctx context.Context, hostname string, sessionID, generati
 			return false, fmt.Errorf("registry: release %s: %w", hostname, err)
 		}
 		if len(resp.Kvs) == 0 || resp.Kvs[0].ModRevision != gen {
-			return sent && len(resp.Kvs) == 0, nil
+			if !sent {
+				return s.releaseMember(ctx, hostname, sessionID, gen)
+			}
+			return len(resp.Kvs) == 0, nil
 		}
 		// A ModRevision names one write, so the owner read here is the
 		// owner the guarded delete below removes.
@@ -601,21 +596,40 @@ func (s *Etcd) Get(ctx context.Context, hostname string) (Binding, bool, error) 
 	return s.read(ctx, hostname)
 }
 
-// List reads every binding from etcd, sorted by hostname.
+// List reads every binding and pool from etcd, at one revision, sorted by
+// hostname.
 func (s *Etcd) List(ctx context.Context) ([]Binding, error) {
-	prefix := s.hostKey("")
-	resp, err := s.get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	hosts, members := s.hostKey(""), s.cfg.Prefix+"members/"
+	resp, err := s.idempotent(ctx, clientv3.OpTxn(nil, []clientv3.Op{
+		clientv3.OpGet(hosts, clientv3.WithPrefix()), clientv3.OpGet(members, clientv3.WithPrefix())}, nil))
 	if err != nil {
 		return nil, fmt.Errorf("registry: list: %w", err)
 	}
-	out := make([]Binding, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		b, err := s.decode(strings.TrimPrefix(string(kv.Key), prefix), kv.Value, kv.ModRevision)
+	tr := resp.Txn()
+	var out []Binding
+	for _, kv := range tr.Responses[0].GetResponseRange().GetKvs() {
+		b, err := s.decode(strings.TrimPrefix(string(kv.Key), hosts), kv.Value, kv.ModRevision)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, b)
 	}
+	pools := map[string][]Binding{}
+	for _, kv := range tr.Responses[1].GetResponseRange().GetKvs() {
+		h, _, ok := splitMember(strings.TrimPrefix(string(kv.Key), members))
+		if !ok {
+			continue
+		}
+		b, err := s.decodeMember(h, kv)
+		if err != nil {
+			return nil, err
+		}
+		pools[h] = append(pools[h], b)
+	}
+	for h, ms := range pools {
+		out = append(out, poolOf(h, ms))
+	}
+	slices.SortFunc(out, func(a, b Binding) int { return strings.Compare(a.Hostname, b.Hostname) })
 	return out, nil
 }
 

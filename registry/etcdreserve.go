@@ -68,7 +68,8 @@ func (s *Etcd) clock() time.Time {
 // first, so that a reservation it returns with no Until was bound when read.
 func (s *Etcd) readReservation(ctx context.Context, key string) (reserveRead, error) {
 	read := clientv3.OpTxn(nil, []clientv3.Op{
-		clientv3.OpGet(s.reserveKey(key)), clientv3.OpGet(s.hostKey(key), clientv3.WithCountOnly())}, nil)
+		clientv3.OpGet(s.reserveKey(key)), clientv3.OpGet(s.hostKey(key), clientv3.WithCountOnly()),
+		clientv3.OpGet(s.memberPrefix(key), clientv3.WithPrefix(), clientv3.WithCountOnly())}, nil)
 	for range bindAttempts {
 		resp, err := s.idempotent(ctx, read)
 		if err != nil {
@@ -83,7 +84,7 @@ func (s *Etcd) readReservation(ctx context.Context, key string) (reserveRead, er
 		if rr.r, err = decodeReservation(key, kvs[0].Value); err != nil {
 			return reserveRead{}, err
 		}
-		if !rr.r.Until.IsZero() || got[1].GetResponseRange().GetCount() > 0 {
+		if !rr.r.Until.IsZero() || got[1].GetResponseRange().GetCount()+got[2].GetResponseRange().GetCount() > 0 {
 			return rr, nil
 		}
 		started, ok, err := s.startClock(ctx, rr)
@@ -103,7 +104,8 @@ func (s *Etcd) startClock(ctx context.Context, rr reserveRead) (reserveRead, boo
 	started, _ := rr.kept().released(key, s.clock())
 	rkey := s.reserveKey(key)
 	tr, err := s.txn(ctx, clientv3.OpTxn(
-		[]clientv3.Cmp{rr.unchanged(rkey), clientv3.Compare(clientv3.CreateRevision(s.hostKey(key)), "=", 0)},
+		[]clientv3.Cmp{rr.unchanged(rkey), clientv3.Compare(clientv3.CreateRevision(s.hostKey(key)), "=", 0),
+			clientv3.Compare(clientv3.CreateRevision(s.memberPrefix(key)), "=", 0).WithPrefix()},
 		[]clientv3.Op{clientv3.OpPut(rkey, string(encodeReservation(started)))}, nil))
 	if err != nil || !tr.Succeeded {
 		return reserveRead{}, false, err

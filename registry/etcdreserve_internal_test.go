@@ -38,7 +38,7 @@ func TestEtcdBindStaleReservation(t *testing.T) {
 	}
 
 	lease, _ := s.currentLease()
-	if res, done, _, err := s.tryBind(ctx, claimOf("tokB", 2), lease, s.hostKey(key), held{}, stale); done || err != nil {
+	if res, done, err := s.tryBind(ctx, claimOf("tokB", 2), lease, s.hostKey(key), held{}, stale); done || err != nil {
 		t.Fatalf("a bind on a stale read of the reservation committed: %+v, done %v, %v", res, done, err)
 	}
 	if res, err := s.Bind(ctx, claimOf("tokB", 2)); !errors.Is(err, ErrReserved) {

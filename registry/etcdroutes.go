@@ -162,25 +162,17 @@ func (s *Etcd) NodeAddr(node string) (string, bool) {
 // it: the hostname's cache entry is then current as of the read's start.
 func (s *Etcd) read(ctx context.Context, hostname string) (Binding, bool, error) {
 	start := time.Now()
-	resp, err := s.get(ctx, s.hostKey(hostname))
+	st, err := s.readName(ctx, hostname)
 	if err != nil {
 		return Binding{}, false, fmt.Errorf("registry: get %s: %w", hostname, err)
 	}
-	var b *Binding
-	rev := resp.Header.Revision // of the absence
-	if len(resp.Kvs) > 0 {
-		d, err := s.decode(hostname, resp.Kvs[0].Value, resp.Kvs[0].ModRevision)
-		if err != nil {
-			return Binding{}, false, err
-		}
-		b, rev = &d, resp.Kvs[0].ModRevision
-	}
-	s.applyLocal(hostname, b, rev)
+	s.mu.Lock()
+	lost := s.applyStateLocked(hostname, st)
+	s.mu.Unlock()
+	s.takenOver(lost)
 	s.verified(hostname, start)
-	if b == nil {
-		return Binding{}, false, nil
-	}
-	return *b, true, nil
+	b, ok := st.binding()
+	return b, ok, nil
 }
 
 func (s *Etcd) verified(host string, at time.Time) {
@@ -208,16 +200,25 @@ func (s *Etcd) applyLocal(host string, b *Binding, rev int64) {
 	s.takenOver(lost)
 }
 
-// applyLocked records host's state at revision rev (b nil: deleted),
-// unless the cache already knows a later one. It returns the binding of
-// this node the change ended, if any.
-func (s *Etcd) applyLocked(host string, b *Binding, rev int64) *Binding {
+// applyLocked records host's single binding at revision rev (b nil:
+// deleted), unless the cache already knows a later state. It returns the
+// bindings of this node the change ended. A pool's members are keys of
+// their own: a binding's absence leaves them, and a binding written after
+// them ends them (it is written only with their deletion).
+func (s *Etcd) applyLocked(host string, b *Binding, rev int64) []Binding {
 	cur, had := s.routes[host]
+	var lost []Binding
+	if had && cur.Pool {
+		if b == nil || rev <= s.poolRevLocked(host) {
+			return nil
+		}
+		lost, had = s.dropPoolLocked(host, rev), false
+	}
 	if had && uint64(rev) <= cur.Generation {
 		return nil
 	}
 	if t, ok := s.tombs[host]; ok && rev <= t.rev {
-		return nil
+		return lost
 	}
 	if b != nil {
 		s.routes[host] = *b
@@ -226,58 +227,79 @@ func (s *Etcd) applyLocked(host string, b *Binding, rev int64) *Binding {
 		s.tombs[host] = tomb{rev: rev, at: time.Now()}
 	}
 	if had && cur.Node == s.cfg.Node && (b == nil || b.Node != cur.Node || b.SessionID != cur.SessionID) {
-		return &cur
+		lost = append(lost, cur)
 	}
-	return nil
+	return lost
 }
 
-// takenOver reports a binding of this node that is no longer its own. Our
+// takenOver reports bindings of this node that are no longer its own. Our
 // own releases and takeovers show up here too; the edge ignores a binding
 // its session no longer holds.
-func (s *Etcd) takenOver(prev *Binding) {
-	if prev != nil && s.hooks.TakenOver != nil {
-		s.hooks.TakenOver(*prev)
+func (s *Etcd) takenOver(prev []Binding) {
+	if s.hooks.TakenOver == nil {
+		return
+	}
+	for _, b := range prev {
+		s.hooks.TakenOver(b)
 	}
 }
 
-// load reads hosts and nodes into the caches, confirmed current as of the
-// read's start, and sets the revision the watch resumes after. Bindings of
-// this node that vanished since the last load (while the watch was down)
-// are reported taken over.
+// load reads hosts, pools and nodes into the caches, confirmed current as
+// of the read's start, and sets the revision the watch resumes after.
+// Bindings of this node that vanished since the last load (while the
+// watch was down) are reported taken over.
 func (s *Etcd) load(ctx context.Context) error {
 	start := time.Now()
 	resp, err := s.get(ctx, s.cfg.Prefix, clientv3.WithPrefix())
 	if err != nil {
 		return err
 	}
-	routes, nodes := map[string]Binding{}, map[string]string{}
+	routes, pools, nodes := map[string]Binding{}, map[string]map[string]memberAt{}, map[string]string{}
 	for _, kv := range resp.Kvs {
-		s.collect(kv, routes, nodes)
+		s.collect(kv, routes, pools, nodes)
 	}
 	s.mu.Lock()
+	old := s.routes
+	s.routes, s.pools, s.nodes, s.tombs = routes, pools, nodes, map[string]tomb{}
+	for h := range pools {
+		s.sealLocked(h)
+	}
 	var gone []Binding
-	for h, b := range s.routes {
-		if nb, ok := routes[h]; b.Node == s.cfg.Node && (!ok || nb.Node != b.Node || nb.SessionID != b.SessionID) {
-			gone = append(gone, b)
+	for h, b := range old {
+		for _, o := range b.Owners() {
+			if o.Node != s.cfg.Node {
+				continue
+			}
+			if nb, ok := s.routes[h].Member(o.Generation); !ok || nb.SessionID != o.SessionID {
+				gone = append(gone, o)
+			}
 		}
 	}
-	s.routes, s.nodes, s.tombs = routes, nodes, map[string]tomb{}
 	s.progressLocked(resp.Header.Revision)
 	s.confirmLocked(start)
 	s.mu.Unlock()
-	for _, b := range gone {
-		s.takenOver(&b)
-	}
+	s.takenOver(gone)
 	return nil
 }
 
-func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, nodes map[string]string) {
+func (s *Etcd) collect(kv *mvccpb.KeyValue, routes map[string]Binding, pools map[string]map[string]memberAt, nodes map[string]string) {
 	k := strings.TrimPrefix(string(kv.Key), s.cfg.Prefix)
 	switch {
 	case strings.HasPrefix(k, "hosts/"):
 		h := strings.TrimPrefix(k, "hosts/")
 		if b, err := s.decode(h, kv.Value, kv.ModRevision); err == nil {
 			routes[h] = b
+		}
+	case strings.HasPrefix(k, "members/"):
+		h, id, ok := splitMember(strings.TrimPrefix(k, "members/"))
+		if !ok {
+			return
+		}
+		if b, err := s.decodeMember(h, kv); err == nil {
+			if pools[h] == nil {
+				pools[h] = map[string]memberAt{}
+			}
+			pools[h][id] = memberAt{b: b, mod: kv.ModRevision}
 		}
 	case strings.HasPrefix(k, "nodes/"):
 		var n nodeRecord
@@ -418,6 +440,21 @@ func (s *Etcd) event(ev *clientv3.Event) {
 			}
 		}
 		s.applyLocal(h, now, ev.Kv.ModRevision)
+	case strings.HasPrefix(k, "members/"):
+		h, id, ok := splitMember(strings.TrimPrefix(k, "members/"))
+		if !ok {
+			return
+		}
+		var now *Binding
+		if ev.Type == mvccpb.PUT {
+			if b, err := s.decodeMember(h, ev.Kv); err == nil {
+				now = &b
+			}
+		}
+		s.mu.Lock()
+		lost := s.applyMemberLocked(h, id, now, ev.Kv.ModRevision)
+		s.mu.Unlock()
+		s.takenOver(lost)
 	case strings.HasPrefix(k, "nodes/"):
 		n := strings.TrimPrefix(k, "nodes/")
 		s.mu.Lock()

@@ -57,6 +57,10 @@ type Binding struct {
 	// newest member's and BoundAt the oldest's.
 	Pool    bool
 	Members []Binding
+	// Down is why a pool member's agent reports its local service down,
+	// as the cluster's store keeps it for the other edges; "" when up,
+	// and in the single-edge stores, whose edge asks the session.
+	Down string
 }
 
 // Claim asks for a hostname on behalf of one session.

@@ -33,7 +33,7 @@ type Tunnel struct {
 	Members []Tunnel `json:"members,omitempty"`
 	// Down, of a member, is why its agent says its local service fails
 	// (it takes no new request meanwhile); Requests is how many requests
-	// and connections it was given.
+	// and connections its edge has given it since its session began.
 	Down     string `json:"down,omitempty"`
 	Requests uint64 `json:"requests,omitempty"`
 }
@@ -132,12 +132,18 @@ func (e *Edge) tunnel(b registry.Binding, now time.Time, remote map[string]map[u
 		for _, m := range b.Members {
 			mt := e.tunnel(m, now, remote)
 			mt.URL = ""
-			if s := e.session(m.SessionID); s != nil && e.local(m) {
-				s.mu.Lock()
-				if st := s.members[b.Hostname]; st != nil {
-					mt.Down, mt.Requests = st.down, st.picked
-				}
-				s.mu.Unlock()
+			// As the member's own edge counts it; the registry's health
+			// when that edge did not answer.
+			var ps poolStatus
+			ok := false
+			if !e.local(m) {
+				ps, ok = remote[m.Node][m.SessionID].Pools[b.Hostname]
+			} else if s := e.session(m.SessionID); s != nil {
+				ps, ok = s.status(now).Pools[b.Hostname]
+			}
+			mt.Down, mt.Requests = ps.Down, ps.Requests
+			if !ok {
+				mt.Down = m.Down
 			}
 			t.Online = t.Online || mt.Online
 			t.Members = append(t.Members, mt)

@@ -42,8 +42,6 @@ func (e *Edge) bind(ctx context.Context, s *session, m *mux.Bind) mux.Message {
 	if m.Pool {
 		var why string
 		switch {
-		case e.cluster != nil:
-			why = "pools are served by an edge that runs alone: this edge is one of a cluster, so run without --pool"
 		case m.Proto == mux.ProtoTCP && m.Port == 0:
 			why = "a pool shares one port: pass --remote-port"
 		case m.Proto != mux.ProtoTCP && m.Subdomain == "" && m.Hostname == "":

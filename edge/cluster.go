@@ -82,6 +82,9 @@ type ClusterStore interface {
 	OpenSession(ctx context.Context, sess registry.Session) error
 	CloseSession(ctx context.Context, id uint64) error
 	Sessions(ctx context.Context) ([]registry.Session, error)
+	// SetDown records why this edge's pool member of hostname reports its
+	// local service down ("" when up), for the other edges to route by.
+	SetDown(ctx context.Context, hostname string, sessionID, generation uint64, down string) error
 }
 
 func (c *ClusterConfig) validate() error {
@@ -163,6 +166,15 @@ type cluster struct {
 	// forwarded and retried count requests sent to other edges, and those
 	// sent again after a stale route; leaseLost the leases lost.
 	forwarded, retried, leaseLost atomic.Int64
+
+	mu sync.Mutex
+	// inFlight counts the exchanges this edge has forwarded to each pool
+	// member of another edge and not yet ended, by generation: what pick
+	// weighs them by. Bounded by those in flight: a count of 0 is deleted.
+	inFlight map[uint64]int
+	// health holds, per local pool member, the health not yet recorded in
+	// the registry (shareHealth); bounded by the members.
+	health map[healthKey]*healthShare
 }
 
 func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, error) {
@@ -175,6 +187,7 @@ func newCluster(cfg *ClusterConfig, tunnelTimeout time.Duration) (*cluster, erro
 	}
 	return &cluster{
 		store: cfg.Store, node: cfg.Store.Node(), serverTLS: server,
+		inFlight: map[uint64]int{}, health: map[healthKey]*healthShare{},
 		forward: &http.Transport{
 			DialContext:           (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 			TLSClientConfig:       client,
@@ -274,11 +287,11 @@ func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	var err error
 	if rt.s != nil {
 		resp, err = t.local.RoundTrip(req)
-		if rt.pool {
-			resp, err = t.retryPooled(req, rt, resp, err)
-		}
 	} else {
 		resp, err = t.forward(req, rt)
+	}
+	if rt.pool {
+		resp, err = t.retryPooled(req, rt, resp, err)
 	}
 	if body != nil && body.failed() != nil {
 		if resp != nil {
@@ -302,6 +315,12 @@ func (t *routeTransport) forward(req *http.Request, rt route) (*http.Response, e
 	resp, err := t.forwardOnce(req, rt, body)
 	if err != nil || resp.StatusCode != http.StatusMisdirectedRequest || resp.Header.Get(routeHeader) != "stale" {
 		return resp, err
+	}
+	if rt.pool {
+		// The member left that edge: the pool's next pick (retryPooled).
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		return nil, errNoRoute
 	}
 	if body != nil && body.read.Load() {
 		// Some of the body left: it cannot be sent again.
@@ -363,7 +382,17 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		out.Header.Set("Expect", "100-continue")
 	}
 	c.forwarded.Add(1)
+	if rt.pool {
+		c.flying(rt.generation, 1)
+	}
 	resp, err := c.forward.RoundTrip(out)
+	if rt.pool {
+		if err != nil {
+			c.flying(rt.generation, -1)
+		} else {
+			resp.Body = &landing{ReadCloser: resp.Body, c: c, gen: rt.generation}
+		}
+	}
 	var oe *net.OpError
 	if errors.As(err, &oe) && oe.Op == "dial" {
 		// The owner is gone (its bindings go with its lease): offline,
@@ -371,6 +400,37 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		return nil, errors.Join(errNoRoute, err)
 	}
 	return resp, err
+}
+
+// flying counts an exchange forwarded to the pool member at gen: n is 1
+// when it starts, -1 when it ends.
+func (c *cluster) flying(gen uint64, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.inFlight[gen] += n; c.inFlight[gen] <= 0 {
+		delete(c.inFlight, gen)
+	}
+}
+
+// flights returns the exchanges in flight to the pool member at gen.
+func (c *cluster) flights(gen uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inFlight[gen]
+}
+
+// landing ends a forwarded pool exchange's count when its response's body
+// is closed, once.
+type landing struct {
+	io.ReadCloser
+	c    *cluster
+	gen  uint64
+	once sync.Once
+}
+
+func (l *landing) Close() error {
+	l.once.Do(func() { l.c.flying(l.gen, -1) })
+	return l.ReadCloser.Close()
 }
 
 // withBody gives req the body wrapper, which the forwarding transport may
@@ -428,13 +488,22 @@ func (e *Edge) clusterHandler() http.Handler {
 			mux.WriteVisitorError(w, mux.CodeTunnelOffline, host)
 			return
 		}
-		if !ok || b.Node != e.cluster.node || b.Generation != gen {
+		pool := ok && b.Pool
+		if ok {
+			// A pool's member was picked by the first edge.
+			b, ok = b.Member(gen)
+		}
+		if !ok || b.Node != e.cluster.node {
 			w.Header().Set(routeHeader, "stale")
 			mux.WriteVisitorErrorFor(w, r, mux.CodeMisdirected, host)
 			return
 		}
 		s := e.session(b.SessionID)
-		if s == nil || !s.holds(host, gen) || !s.live(time.Now()) {
+		if s == nil || !s.holds(host, gen) || !s.live(time.Now()) || pool && s.isDraining() {
+			if pool {
+				// Nothing was sent: the first edge may pick another member.
+				w.Header().Set(mux.UnsentHeader, "1")
+			}
 			mux.WriteVisitorErrorFor(w, r, mux.CodeTunnelOffline, host)
 			return
 		}
@@ -442,6 +511,11 @@ func (e *Edge) clusterHandler() http.Handler {
 			e.metrics.limited(limitIPDenied)
 			mux.WriteVisitorErrorFor(w, r, mux.CodeIPDenied, host)
 			return
+		}
+		if pool {
+			s.mu.Lock()
+			s.member(host).picked++ // counted by the member's own edge
+			s.mu.Unlock()
 		}
 		r.Header.Del(generationHeader)
 		r.Header.Del(forwardedByHeader)
@@ -551,14 +625,19 @@ func (e *Edge) reapStaleHolder(host string) {
 		return
 	}
 	b, ok := e.cluster.store.Lookup(host)
-	if !ok || !e.local(b) {
+	if !ok {
 		return
 	}
-	s := e.session(b.SessionID)
-	if s == nil || !s.helloDone() || s.live(time.Now()) {
-		return
+	for _, o := range b.Owners() {
+		if !e.local(o) {
+			continue
+		}
+		s := e.session(o.SessionID)
+		if s == nil || !s.helloDone() || s.live(time.Now()) {
+			continue
+		}
+		s.log.Info("session stale: no heartbeat within the freshness window", "heartbeat_timeout", e.cfg.HeartbeatTimeout)
+		s.close()
+		e.closeClusterSession(s.id)
 	}
-	s.log.Info("session stale: no heartbeat within the freshness window", "heartbeat_timeout", e.cfg.HeartbeatTimeout)
-	s.close()
-	e.closeClusterSession(s.id)
 }

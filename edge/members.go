@@ -29,8 +29,11 @@ const (
 
 // pick chooses the owner of b that a new request or connection goes to:
 // b itself, or of a pool the member that is live, up, not draining and
-// not in tried, with the fewest exchanges in flight, ties at random. ok is
-// false when the pool has no such member; why then says why.
+// not in tried (generations), with the fewest exchanges in flight, ties at
+// random. A member on another edge of the cluster counts as up unless the
+// registry says it is down (Binding.Down), and its exchanges in flight are
+// those this edge has forwarded to it. ok is false when the pool has no
+// such member; why then says why.
 func (e *Edge) pick(b registry.Binding, tried []uint64) (registry.Binding, string, bool) {
 	if !b.Pool {
 		return b, "", true
@@ -38,29 +41,42 @@ func (e *Edge) pick(b registry.Binding, tried []uint64) (registry.Binding, strin
 	now := time.Now()
 	var best *session
 	var chosen registry.Binding
-	least, ties := 0, 0
+	least, ties, found := 0, 0, false
 	anyDown, anyTried := false, false
 	for _, m := range b.Members {
-		s := e.session(m.SessionID)
-		if s == nil || !e.local(m) || !s.live(now) {
+		var s *session
+		if e.local(m) {
+			if s = e.session(m.SessionID); s == nil || !s.live(now) {
+				continue
+			}
+		} else if _, ok := e.cluster.store.NodeAddr(m.Node); !ok {
 			continue
 		}
-		if slices.Contains(tried, m.SessionID) {
+		if slices.Contains(tried, m.Generation) {
 			anyTried = true
 			continue
 		}
-		s.mu.Lock()
-		down := s.members[b.Hostname] != nil && s.members[b.Hostname].down != ""
-		usable := !down && !s.draining && s.bindings[b.Hostname] == m.Generation
-		s.mu.Unlock()
-		anyDown = anyDown || down
-		if !usable {
-			continue
+		var n int
+		if s != nil {
+			s.mu.Lock()
+			down := s.members[b.Hostname] != nil && s.members[b.Hostname].down != ""
+			usable := !down && !s.draining && s.bindings[b.Hostname] == m.Generation
+			s.mu.Unlock()
+			anyDown = anyDown || down
+			if !usable {
+				continue
+			}
+			n = s.streams.Count()
+		} else {
+			if m.Down != "" {
+				anyDown = true
+				continue
+			}
+			n = e.cluster.flights(m.Generation)
 		}
-		n := s.streams.Count()
 		switch {
-		case best == nil || n < least:
-			best, chosen, least, ties = s, m, n, 1
+		case !found || n < least:
+			best, chosen, least, ties, found = s, m, n, 1, true
 		case n == least:
 			// Reservoir sampling: each of the tied members with equal odds.
 			ties++
@@ -69,7 +85,7 @@ func (e *Edge) pick(b registry.Binding, tried []uint64) (registry.Binding, strin
 			}
 		}
 	}
-	if best == nil {
+	if !found {
 		e.metrics.pooled(poolNone)
 		switch {
 		case anyTried:
@@ -79,9 +95,11 @@ func (e *Edge) pick(b registry.Binding, tried []uint64) (registry.Binding, strin
 		}
 		return registry.Binding{}, whyNoMember, false
 	}
-	best.mu.Lock()
-	best.member(b.Hostname).picked++
-	best.mu.Unlock()
+	if best != nil {
+		best.mu.Lock()
+		best.member(b.Hostname).picked++
+		best.mu.Unlock()
+	}
 	e.metrics.pooled(poolRouted)
 	return chosen, "", true
 }
@@ -113,7 +131,7 @@ func (s *session) health(m *mux.Health) {
 	}
 	s.mu.Lock()
 	st := s.members[m.Hostname]
-	_, held := s.bindings[m.Hostname]
+	gen, held := s.bindings[m.Hostname]
 	changed := held && st != nil && st.down != why
 	if changed {
 		st.down = why
@@ -121,7 +139,82 @@ func (s *session) health(m *mux.Health) {
 	s.mu.Unlock()
 	if changed {
 		s.log.Info("pool member health", "hostname", m.Hostname, "down", m.Down, "reason", why)
+		if s.e.cluster != nil {
+			s.e.shareHealth(s, m.Hostname, gen, why)
+		}
 	}
+}
+
+// healthGap paces a member's health writes to the registry: an agent
+// that flips its health writes at most one each.
+const healthGap = 250 * time.Millisecond
+
+// healthWait bounds one health write to the registry.
+const healthWait = 5 * time.Second
+
+type healthKey struct {
+	host    string
+	session uint64
+}
+
+// healthShare is a member's latest health, to be written; busy while its
+// writer runs.
+type healthShare struct {
+	gen  uint64
+	down string
+}
+
+// shareHealth records the health of s's member of host in the registry,
+// for the other edges of the cluster to route by: one writer per member,
+// which writes the latest health, at most one each healthGap, and ends
+// once the registry holds it (or the session is gone).
+func (e *Edge) shareHealth(s *session, host string, gen uint64, down string) {
+	c, k := e.cluster, healthKey{host, s.id}
+	c.mu.Lock()
+	h, busy := c.health[k]
+	if !busy {
+		h = &healthShare{}
+		c.health[k] = h
+	}
+	h.gen, h.down = gen, down
+	c.mu.Unlock()
+	if busy {
+		return
+	}
+	e.mu.Lock()
+	if e.closing {
+		e.mu.Unlock()
+		c.mu.Lock()
+		delete(c.health, k)
+		c.mu.Unlock()
+		return
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	go func() {
+		defer e.wg.Done()
+		for {
+			c.mu.Lock()
+			gen, down := h.gen, h.down
+			c.mu.Unlock()
+			ctx, cancel := context.WithTimeout(context.Background(), healthWait)
+			if err := c.store.SetDown(ctx, host, s.id, gen, down); err != nil {
+				s.log.Warn("pool member health not recorded in the cluster registry; other edges route by the last recorded", "hostname", host, "err", err)
+			}
+			cancel()
+			select {
+			case <-s.closed:
+			case <-time.After(healthGap):
+			}
+			c.mu.Lock()
+			if s.isClosed() || h.gen == gen && h.down == down {
+				delete(c.health, k)
+				c.mu.Unlock()
+				return
+			}
+			c.mu.Unlock()
+		}
+	}()
 }
 
 // truncate cuts s to at most n bytes, never inside a character, and drops
@@ -137,16 +230,15 @@ func truncate(s string, n int) string {
 }
 
 // retryPooled sends req, which failed on its pool member (the agent could
-// not reach its local service, or its session took no new stream), to
+// not reach its local service, or the member took no new exchange), to
 // another member: only a request without a body, of which nothing reached
-// a local service.
+// a local service. A member of this edge is tried only when the request
+// passed its visitor rules (checked); one of another edge checks the
+// request as any forwarded to it.
 func (t *routeTransport) retryPooled(req *http.Request, rt route, resp *http.Response, err error) (*http.Response, error) {
-	tried := []uint64{rt.s.id}
+	tried := []uint64{rt.generation}
 	for {
-		failed := errors.Is(err, errNoRoute) ||
-			err == nil && resp.StatusCode == http.StatusBadGateway && resp.Header.Get(mux.ErrorHeader) == mux.CodeUpstreamUnreachable &&
-				resp.Header.Get(mux.UnsentHeader) != ""
-		if !failed || req.Body != nil && req.Body != http.NoBody || req.Context().Err() != nil {
+		if !unsent(resp, err) || req.Body != nil && req.Body != http.NoBody || req.Context().Err() != nil {
 			return resp, err
 		}
 		b, ok, lerr := t.e.lookup(req.Context(), rt.hostname)
@@ -154,19 +246,58 @@ func (t *routeTransport) retryPooled(req *http.Request, rt route, resp *http.Res
 			return resp, err
 		}
 		m, _, ok := t.e.pick(b, tried)
-		s := t.e.session(m.SessionID)
-		if !ok || s == nil || !s.accessOf(rt.hostname).same(rt.s.accessOf(rt.hostname)) {
-			// Another member's visitor rules were not the ones checked.
+		if !ok {
 			return resp, err
+		}
+		next := route{node: m.Node, hostname: rt.hostname, generation: m.Generation, relay: rt.relay, pool: true}
+		if t.e.local(m) {
+			if next.s = t.e.session(m.SessionID); next.s == nil || !t.checked(req, rt, next.s) {
+				return resp, err
+			}
 		}
 		if resp != nil {
 			resp.Body.Close()
 		}
 		t.e.metrics.pooled(poolRetried)
-		tried = append(tried, m.SessionID)
-		rt = route{s: s, hostname: rt.hostname, generation: m.Generation, relay: rt.relay, pool: true}
-		resp, err = t.local.RoundTrip(req.WithContext(context.WithValue(req.Context(), routeKey{}, rt)))
+		tried = append(tried, m.Generation)
+		rt = next
+		if rt.s != nil {
+			resp, err = t.local.RoundTrip(req.WithContext(context.WithValue(req.Context(), routeKey{}, rt)))
+		} else {
+			resp, err = t.forward(req, rt)
+		}
 	}
+}
+
+// checked reports whether req, sent first along rt, has passed the
+// visitor rules of s, a member of this edge: those of rt's member when it
+// was one of this edge too; else only the visitor's address (which this
+// edge set), as a sign-in or a webhook's signature is not checked again
+// here (forward does the same).
+func (t *routeTransport) checked(req *http.Request, rt route, s *session) bool {
+	if rt.s != nil {
+		return s.accessOf(rt.hostname).same(rt.s.accessOf(rt.hostname))
+	}
+	if webhook, rule := s.checks(rt.hostname); webhook != nil || rule != nil {
+		return false
+	}
+	ip, ok := visitorIP(req, true)
+	return ok && s.allows(rt.hostname, ip)
+}
+
+// unsent reports an exchange that failed before anything of it reached a
+// local service: no stream was taken, the member's edge took nothing, or
+// the agent could not reach its local service (Unsent).
+func unsent(resp *http.Response, err error) bool {
+	if err != nil {
+		return errors.Is(err, errNoRoute)
+	}
+	if resp.Header.Get(mux.UnsentHeader) == "" {
+		return false
+	}
+	code := resp.Header.Get(mux.ErrorHeader)
+	return resp.StatusCode == http.StatusBadGateway && code == mux.CodeUpstreamUnreachable ||
+		resp.StatusCode == http.StatusServiceUnavailable && code == mux.CodeTunnelOffline
 }
 
 // accessOf is who may visit hostname through s; nil: anyone.

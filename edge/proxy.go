@@ -232,7 +232,7 @@ func (rt route) brokenOff() error {
 func (e *Edge) newProxy(forwarded bool) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite:        func(pr *httputil.ProxyRequest) { rewriteOutbound(pr, forwarded) },
-		ModifyResponse: modifyResponse,
+		ModifyResponse: func(resp *http.Response) error { return modifyResponse(resp, forwarded) },
 		Transport:      &routeTransport{e: e, local: &streamTransport{e: e}},
 		BufferPool:     mux.BufferPool{},
 		ErrorHandler:   e.proxyError,
@@ -292,11 +292,15 @@ func rewriteOutbound(pr *httputil.ProxyRequest, forwarded bool) {
 // modifyResponse applies the rule for what crosses back to the visitor:
 // the reverse proxy drops the hop-by-hop fields; the edge drops the
 // cluster's own routing field (an agent's response must not pose as an
-// owner's refusal) and trailers that may not be trailers. A response
-// without a Content-Type is passed on without one (visitorWriter.start).
-func modifyResponse(resp *http.Response) error {
+// owner's refusal) and trailers that may not be trailers. A pool's Unsent
+// goes back to the edge that forwarded the request, which may pick another
+// member, and no further. A response without a Content-Type is passed on
+// without one (visitorWriter.start).
+func modifyResponse(resp *http.Response, forwarded bool) error {
 	resp.Header.Del(routeHeader)
-	resp.Header.Del(mux.UnsentHeader)
+	if !forwarded {
+		resp.Header.Del(mux.UnsentHeader)
+	}
 	mux.FilterTrailers(resp)
 	return nil
 }

@@ -386,6 +386,12 @@ func (s *session) live(now time.Time) bool {
 	return now.Sub(time.Unix(0, s.lastBeat.Load())) <= s.e.cfg.HeartbeatTimeout
 }
 
+func (s *session) isDraining() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.draining
+}
+
 func (s *session) helloDone() bool { return s.hello.Load() }
 
 func (s *session) isClosed() bool {

@@ -30,13 +30,31 @@ type sessionStatus struct {
 	Online        bool      `json:"online"`
 	LastHeartbeat time.Time `json:"last_heartbeat"`
 	RemoteAddr    string    `json:"remote_addr"`
+	// Pools: the session's part in each pool it is a member of.
+	Pools map[string]poolStatus `json:"pools,omitempty"`
+}
+
+// poolStatus is a member's health and the requests and connections its
+// edge has routed to it.
+type poolStatus struct {
+	Down     string `json:"down,omitempty"`
+	Requests uint64 `json:"requests"`
 }
 
 func (s *session) status(now time.Time) sessionStatus {
-	return sessionStatus{
+	st := sessionStatus{
 		ID: s.id, Online: s.live(now), RemoteAddr: s.remote,
 		LastHeartbeat: time.Unix(0, s.lastBeat.Load()).UTC(),
 	}
+	s.mu.Lock()
+	for host, m := range s.members {
+		if st.Pools == nil {
+			st.Pools = map[string]poolStatus{}
+		}
+		st.Pools[host] = poolStatus{Down: m.down, Requests: m.picked}
+	}
+	s.mu.Unlock()
+	return st
 }
 
 // sessionStatuses measures every session of this edge now.
@@ -60,8 +78,10 @@ func (e *Edge) remoteSessions(ctx context.Context, bs []registry.Binding) map[st
 	}
 	nodes := map[string]bool{}
 	for _, b := range bs {
-		if !e.local(b) {
-			nodes[b.Node] = true
+		for _, o := range b.Owners() {
+			if !e.local(o) {
+				nodes[o.Node] = true
+			}
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, remoteStatusTimeout)

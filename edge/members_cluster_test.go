@@ -1,0 +1,175 @@
+package edge_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/agent"
+	"github.com/ngstone/ngstone/edge"
+	"github.com/ngstone/ngstone/internal/tunneltest"
+	"github.com/ngstone/ngstone/mux"
+)
+
+// clusterPool starts the members' local services and an agent of each on
+// the edge at the same index, `ngstone http ADDR --subdomain NAME --pool`,
+// with the cluster edges' short heartbeats.
+func clusterPool(t *testing.T, on []*clusterEdge, name string) []*member {
+	var ms []*member
+	for i, e := range on {
+		m := startMember(t, fmt.Sprintf("m%d", i))
+		ms = append(ms, m)
+		poolAgent(t, e.Edge, e.AgentConfigShortTimeouts("", m.addr), name)
+	}
+	return ms
+}
+
+// waitPool waits until every edge's registry shows n members of host.
+func waitPool(t *testing.T, host string, n int, edges ...*clusterEdge) {
+	t.Helper()
+	tunneltest.Eventually(t, 10*time.Second, fmt.Sprintf("every edge to see %d members", n), func() bool {
+		for _, e := range edges {
+			if b, ok := e.store.Lookup(host); !ok || len(b.Owners()) != n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Three agents behind one name on two edges of a cluster share its
+// visitors evenly, whichever edge they come to; when one's local service
+// stops, no request without a body fails, the member is out on both
+// edges once its agent sees it (its edge records that in the registry),
+// requests with a body then never reach it, and it rejoins when back.
+// The admin API of either edge shows every member, with its own edge's
+// count and health.
+func TestPoolAcrossEdges(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.start("a", nil, nil), c.start("b", nil, nil)
+	ms := clusterPool(t, []*clusterEdge{a, a, b}, "team")
+	host := "team." + tunneltest.Domain
+	waitPool(t, host, 3, a, b)
+
+	total := map[string]int{}
+	for _, e := range []*clusterEdge{a, b} {
+		counts, errs := visitPool(t, e.Client(), "team", 1500, 8, false)
+		if len(errs) > 0 {
+			t.Fatalf("%d of 1500 requests via %s failed, first: %s", len(errs), e.store.Node(), errs[0])
+		}
+		for k, n := range counts {
+			total[k] += n
+		}
+	}
+	for _, m := range ms {
+		if n := total[m.name]; n < 850 || n > 1150 {
+			t.Errorf("member %s served %d of 3000 requests, want 1000 ± 15%%: %v", m.name, n, total)
+		}
+	}
+	for _, e := range []*clusterEdge{a, b} {
+		tn := poolTunnel(t, e.Edge, host)
+		var given uint64
+		for _, m := range tn.Members {
+			given += m.Requests
+		}
+		if !tn.Pool || !tn.Online || len(tn.Members) != 3 || given != 3000 {
+			t.Fatalf("admin API of %s: %+v (requests %d), want an online pool of 3 given 3000", e.store.Node(), tn, given)
+		}
+	}
+
+	// m2's service, behind edge b, stops: visitors of edge a find out.
+	ms[2].stop()
+	for _, e := range []*clusterEdge{a, b} {
+		counts, errs := visitPool(t, e.Client(), "team", 150, 4, false)
+		if len(errs) > 0 || counts["m2"] > 0 {
+			t.Fatalf("with m2 stopped, via %s: %d of 150 GETs failed (first %v), m2 served %d", e.store.Node(), len(errs), errs, counts["m2"])
+		}
+	}
+	tunneltest.Eventually(t, 10*time.Second, "edge a to see m2 down", func() bool {
+		tn := poolTunnel(t, a.Edge, host)
+		return len(tn.Members) == 3 && tn.Members[2].Down != ""
+	})
+	counts, errs := visitPool(t, a.Client(), "team", 100, 4, true)
+	if len(errs) > 0 || counts["m2"] > 0 {
+		t.Fatalf("with m2 out: %d of 100 POSTs via a failed (first %v), m2 served %d", len(errs), errs, counts["m2"])
+	}
+	ms[2].start()
+	tunneltest.Eventually(t, 15*time.Second, "m2 to serve visitors of edge a again", func() bool {
+		counts, _ := visitPool(t, a.Client(), "team", 30, 3, false)
+		return counts["m2"] > 0
+	})
+}
+
+// Rule 3 holds across the edges: a bind without --pool, or of another
+// token, is refused on any edge while a member lives on another.
+func TestPoolAcrossEdgesRuleThree(t *testing.T) {
+	c := newTestCluster(t)
+	tokens := func(cfg *edge.Config) { cfg.Tokens = []string{"alpha", "beta"} }
+	a, b := c.start("a", nil, tokens), c.start("b", nil, tokens)
+	m := startMember(t, "m")
+	with := func(e *clusterEdge, token string, pool bool) agent.Config {
+		cfg := e.AgentConfigShortTimeouts("", m.addr)
+		cfg.Token, cfg.Subdomain, cfg.Pool = token, "team", pool
+		return cfg
+	}
+	tunneltest.StartAgent(t, with(a, "alpha", true)).WaitOnline(t)
+	refused := func(cfg agent.Config, want string) {
+		t.Helper()
+		ag := tunneltest.StartAgent(t, cfg)
+		select {
+		case <-ag.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("bind (pool %v, token %s): the agent still runs, want it refused", cfg.Pool, cfg.Token)
+		}
+		var re *agent.RefusedError
+		if err := ag.Err(); !errors.As(err, &re) || re.Code != mux.CodeSubdomainTaken || !strings.Contains(re.Message, want) {
+			t.Fatalf("bind (pool %v, token %s): %v, want subdomain_taken saying %q", cfg.Pool, cfg.Token, err, want)
+		}
+	}
+	refused(with(b, "alpha", false), "pass --pool to join it")
+	refused(with(b, "beta", true), "cannot join")
+	tunneltest.StartAgent(t, with(b, "alpha", true)).WaitOnline(t)
+	waitPool(t, "team."+tunneltest.Domain, 2, a, b)
+}
+
+// A member behind edge b cut off and back is replaced by its own instance
+// (rule 1 on its member alone); the member behind edge a keeps its
+// session and generation throughout, and visitors of edge a are served
+// by it meanwhile.
+func TestPoolAcrossEdgesPartitioned(t *testing.T) {
+	c := newTestCluster(t)
+	a, b := c.start("a", nil, nil), c.start("b", nil, nil)
+	p := controlProxy(t, b)
+	m0, m1 := startMember(t, "m0"), startMember(t, "m1")
+	kept := poolAgent(t, a.Edge, a.AgentConfigShortTimeouts("", m0.addr), "part")
+	cut := poolAgent(t, b.Edge, b.AgentConfigShortTimeouts(p.Addr(), m1.addr), "part")
+	host := "part." + tunneltest.Domain
+	waitPool(t, host, 2, a, b)
+	before, cutBefore := kept.Status(), cut.Status()
+
+	p.Block()
+	cut.WaitStatus(t, 5*time.Second, "the cut agent to notice", func(s agent.Status) bool { return s.State == agent.StateReconnecting })
+	waitPool(t, host, 1, a, b)
+	counts, errs := visitPool(t, a.Client(), "part", 50, 2, false)
+	if len(errs) > 0 || counts["m0"] != 50 {
+		t.Fatalf("while m1's agent is cut off: %v %v, want all 50 from m0", counts, errs)
+	}
+	p.Unblock()
+	back := cut.WaitStatus(t, 10*time.Second, "the cut agent back", func(s agent.Status) bool {
+		return s.State == agent.StateOnline && s.SessionID != cutBefore.SessionID
+	})
+	if back.Tunnels[0].Generation <= cutBefore.Tunnels[0].Generation {
+		t.Fatalf("the member came back at generation %d, not above %d", back.Tunnels[0].Generation, cutBefore.Tunnels[0].Generation)
+	}
+	tunneltest.Eventually(t, 10*time.Second, "m1 to serve visitors of edge a again", func() bool {
+		counts, _ := visitPool(t, a.Client(), "part", 20, 2, false)
+		return counts["m1"] > 0
+	})
+	now := kept.Status()
+	if now.State != agent.StateOnline || now.SessionID != before.SessionID || now.Tunnels[0].Generation != before.Tunnels[0].Generation {
+		t.Fatalf("the member that stayed changed: %+v, was %+v", now.Tunnels[0], before.Tunnels[0])
+	}
+	waitPool(t, host, 2, a, b)
+}

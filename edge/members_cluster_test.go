@@ -3,6 +3,8 @@ package edge_test
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -172,4 +174,68 @@ func TestPoolAcrossEdgesPartitioned(t *testing.T) {
 		t.Fatalf("the member that stayed changed: %+v, was %+v", now.Tunnels[0], before.Tunnels[0])
 	}
 	waitPool(t, host, 2, a, b)
+}
+
+// A TCP port's pool across the edges: members on edge a and on edge b,
+// the visitors of either edge reach both; the port's reservation holds
+// for the token while any member is bound, and the name is released when
+// the last leaves.
+func TestPoolTCPAcrossEdges(t *testing.T) {
+	var port int
+	_, a, b, _ := startTCPCluster(t, 1, func(cfg *edge.Config) { port = cfg.TCPPorts[0].Lo })
+	addrs := map[string]string{}
+	for _, n := range []string{"t0", "t1"} {
+		addrs[n], _ = nameServer(t, n)
+	}
+	var agents []*tunneltest.Agent
+	for i, e := range []*clusterEdge{a, b} {
+		cfg := e.AgentConfigShortTimeouts("", addrs[fmt.Sprintf("t%d", i)])
+		cfg.Proto, cfg.Token, cfg.Pool, cfg.RemotePort = agent.ProtoTCP, "token-a", true, port
+		ag := tunneltest.StartAgent(t, cfg)
+		ag.WaitOnline(t)
+		agents = append(agents, ag)
+	}
+	waitPool(t, mux.TCPKey(port), 2, a, b)
+	for _, e := range []*clusterEdge{a, b} {
+		host, _, _ := net.SplitHostPort(e.Addr("http").String())
+		counts := map[string]int{}
+		for range 100 {
+			c, err := net.DialTimeout("tcp", net.JoinHostPort(host, fmt.Sprint(port)), 5*time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			got, _ := io.ReadAll(c)
+			c.Close()
+			counts[string(got)]++
+		}
+		if counts["t0"] < 25 || counts["t1"] < 25 {
+			t.Fatalf("100 connections via %s spread %v, want each member at least 25", e.store.Node(), counts)
+		}
+	}
+	// Another token cannot take the port from the pool on either edge.
+	for _, e := range []*clusterEdge{a, b} {
+		cfg := e.AgentConfigShortTimeouts("", addrs["t0"])
+		cfg.Proto, cfg.Token, cfg.Pool, cfg.RemotePort = agent.ProtoTCP, "token-b", true, port
+		ag := tunneltest.StartAgent(t, cfg)
+		select {
+		case <-ag.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("token-b's pool bind of port %d via %s still runs, want it refused", port, e.store.Node())
+		}
+		var re *agent.RefusedError
+		if !errors.As(ag.Err(), &re) || re.Code != mux.CodeSubdomainTaken {
+			t.Fatalf("token-b's pool bind of port %d via %s: %v, want subdomain_taken", port, e.store.Node(), ag.Err())
+		}
+	}
+	for _, ag := range agents {
+		ag.Stop()
+	}
+	tunneltest.Eventually(t, 10*time.Second, "the port to be released", func() bool {
+		_, ok, err := a.store.Get(t.Context(), mux.TCPKey(port))
+		return err == nil && !ok
+	})
+	if r, ok, err := a.store.Reservation(t.Context(), mux.TCPKey(port)); err != nil || !ok || r.TokenID == "" || r.Until.IsZero() {
+		t.Fatalf("the port's reservation after its last member left: %+v %v %v, want token-a's, running", r, ok, err)
+	}
 }

@@ -96,6 +96,8 @@ type Hooks struct {
 // Keys, under Prefix:
 //
 //	hosts/HOSTNAME         the binding (JSON); its ModRevision is the generation
+//	members/HOSTNAME/NODE/SESSION
+//	                       a pool's member, in place of hosts/HOSTNAME (etcdpool.go)
 //	sessions/NODE/SESSION  present while that session is live; {"token_id",
 //	                       "instance_id"} it presented
 //	nodes/NODE             {"addr": ...}: where other edges forward to
@@ -103,7 +105,7 @@ type Hooks struct {
 //	                       {"token_id", "label", "for" (ns), "until"}, until
 //	                       absent while the key is held (see Reservation)
 //
-// The first three are attached to the writing node's lease, so an edge that
+// The first four are attached to the writing node's lease, so an edge that
 // dies or is cut off from etcd leaves nothing behind after LeaseTTL; a
 // reservation has no lease, as it must outlive its edge. A holder is
 // live while its session key exists: the edge deletes it when the session

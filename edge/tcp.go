@@ -132,11 +132,12 @@ func (e *Edge) relayConn(ctx context.Context, c net.Conn, key string) string {
 	case !ok:
 		return tcpNoTunnel
 	}
+	pool := b.Pool
 	if b, _, ok = e.pick(b, nil); !ok {
 		return tcpOffline
 	}
 	ip, _ := netip.ParseAddr(hostOf(c.RemoteAddr().String()))
-	rt := route{node: b.Node, hostname: key, generation: b.Generation, relay: true}
+	rt := route{node: b.Node, hostname: key, generation: b.Generation, relay: true, pool: pool}
 	if e.local(b) {
 		rt.s = e.session(b.SessionID)
 		if rt.s == nil || !rt.s.live(time.Now()) {

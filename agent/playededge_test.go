@@ -134,3 +134,35 @@ func TestStreamsStayOpen(t *testing.T) {
 		t.Fatalf("the agent opened stream %d towards the edge", st.StreamID())
 	}
 }
+
+// TestUnusedStreamHoldsNoDrain: a stream the edge opened and never sent a
+// byte on (one its connection pool dialed and did not need) does not hold
+// up the drain of a session whose tunnel was taken over: the session
+// closes at once, not when the stream's wait for a request head
+// (DialTimeout, 10 s here) runs out, nor at DrainTimeout.
+func TestUnusedStreamHoldsNoDrain(t *testing.T) {
+	cfg := agent.DefaultConfig()
+	cfg.Local, cfg.Subdomain, cfg.DrainTimeout = "127.0.0.1:1", "app", time.Minute
+	a, e := playEdge(t, cfg)
+	e.ctrl.SetDeadline(time.Now().Add(20 * time.Second))
+	for _, want := range []mux.Type{mux.TypeHello, mux.TypeBind} {
+		if m, err := mux.Read(e.ctrl); err != nil || m.MessageType() != want {
+			t.Fatalf("read %v (%v), want %s", m, err, want)
+		}
+	}
+	mux.Write(e.ctrl, &mux.HelloOK{SessionID: 1})
+	mux.Write(e.ctrl, &mux.BindOK{Hostname: "app.example.net", URL: "https://app.example.net", Generation: 1})
+	a.WaitOnline(t)
+	st, err := e.ys.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	// Accepted or not yet when the eviction is read, it holds nothing.
+	mux.Write(e.ctrl, &mux.Evicted{Hostname: "app.example.net", Reason: mux.ReasonTakeover})
+	select {
+	case <-e.ys.CloseChan():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session of a taken-over tunnel is still open 5 s on: an unused stream holds up its drain")
+	}
+}

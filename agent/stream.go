@@ -75,9 +75,10 @@ func (l *streamListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.a.wg.Add(1) // while serveStreams holds one: never from zero
-	l.held.Add()
 	l.addrs.Do(func() { l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr()) })
-	return &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}, nil
+	sc := &streamConn{Conn: c, a: l.a, held: l.held, local: l.local, remote: l.remote}
+	sc.waiting.Store(true)
+	return sc, nil
 }
 
 // fixedAddr is an address formatted once: every stream of a session has
@@ -101,10 +102,30 @@ type streamConn struct {
 	held          *mux.Tracker
 	local, remote net.Addr
 	written       atomic.Int64 // bytes written to the edge
+	// waiting: new or idle, so that its next byte starts an exchange,
+	// which holds up the drain from then on. Written under mu.
+	waiting atomic.Bool
 
 	mu      sync.Mutex
 	holding bool // counted in held
 	ended   bool // its WaitGroup count is given back
+}
+
+// Read holds up the drain from an exchange's first byte: a stream the
+// edge opened and sent nothing on (its pool dialed one it did not need)
+// holds up nothing, so a drain never waits out its wait for a request.
+func (c *streamConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 && c.waiting.Load() {
+		c.mu.Lock()
+		if c.waiting.Load() && !c.holding && !c.ended {
+			c.held.Add()
+			c.holding = true
+		}
+		c.waiting.Store(false)
+		c.mu.Unlock()
+	}
+	return n, err
 }
 
 func (c *streamConn) LocalAddr() net.Addr  { return c.local }
@@ -117,12 +138,13 @@ func (c *streamConn) Write(p []byte) (int, error) {
 }
 
 // state follows the server's view of the stream: an exchange running holds
-// up the drain; an idle stream, an upgraded connection or a closed stream
-// does not. A closed or hijacked stream's goroutine is done with it.
+// up the drain (from its first byte, Read); a new or idle stream, an
+// upgraded connection or a closed stream does not. A closed or hijacked
+// stream's goroutine is done with it.
 func (c *streamConn) state(st http.ConnState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	hold := st == http.StateNew || st == http.StateActive
+	hold := st == http.StateActive
 	switch {
 	case hold && !c.holding && !c.ended:
 		c.held.Add()
@@ -130,6 +152,7 @@ func (c *streamConn) state(st http.ConnState) {
 		c.held.Done()
 	}
 	c.holding = hold && !c.ended
+	c.waiting.Store(st == http.StateNew || st == http.StateIdle)
 	if (st == http.StateClosed || st == http.StateHijacked) && !c.ended {
 		c.ended = true
 		c.a.wg.Done()

@@ -157,8 +157,7 @@ type healthKey struct {
 	session uint64
 }
 
-// healthShare is a member's latest health, to be written; busy while its
-// writer runs.
+// healthShare is a member's latest health, to be written.
 type healthShare struct {
 	gen  uint64
 	down string
@@ -166,8 +165,9 @@ type healthShare struct {
 
 // shareHealth records the health of s's member of host in the registry,
 // for the other edges of the cluster to route by: one writer per member,
-// which writes the latest health, at most one each healthGap, and ends
-// once the registry holds it (or the session is gone).
+// which writes the latest health, at most one each healthGap, again after
+// a write that failed, and ends once the registry holds it (or the
+// session is gone).
 func (e *Edge) shareHealth(s *session, host string, gen uint64, down string) {
 	c, k := e.cluster, healthKey{host, s.id}
 	c.mu.Lock()
@@ -193,21 +193,24 @@ func (e *Edge) shareHealth(s *session, host string, gen uint64, down string) {
 	e.mu.Unlock()
 	go func() {
 		defer e.wg.Done()
+		warned := false
 		for {
 			c.mu.Lock()
 			gen, down := h.gen, h.down
 			c.mu.Unlock()
 			ctx, cancel := context.WithTimeout(context.Background(), healthWait)
-			if err := c.store.SetDown(ctx, host, s.id, gen, down); err != nil {
-				s.log.Warn("pool member health not recorded in the cluster registry; other edges route by the last recorded", "hostname", host, "err", err)
-			}
+			err := c.store.SetDown(ctx, host, s.id, gen, down)
 			cancel()
+			if err != nil && !warned {
+				warned = true
+				s.log.Warn("pool member health not recorded in the cluster registry yet; other edges route by the last recorded until it is", "hostname", host, "err", err)
+			}
 			select {
 			case <-s.closed:
 			case <-time.After(healthGap):
 			}
 			c.mu.Lock()
-			if s.isClosed() || h.gen == gen && h.down == down {
+			if s.isClosed() || err == nil && h.gen == gen && h.down == down {
 				delete(c.health, k)
 				c.mu.Unlock()
 				return

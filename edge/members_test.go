@@ -282,21 +282,32 @@ func TestPoolMemberPartitioned(t *testing.T) {
 	m0, m1 := startMember(t, "m0"), startMember(t, "m1")
 	cut := poolAgent(t, e, e.AgentConfigShortTimeouts(p.Addr(), m0.addr), "part")
 	kept := poolAgent(t, e, e.AgentConfigShortTimeouts("", m1.addr), "part")
-	before := kept.Status()
-	cutBefore := cut.Status()
 
-	p.Block()
-	cut.WaitStatus(t, 5*time.Second, "the cut agent to notice", func(s agent.Status) bool { return s.State == agent.StateReconnecting })
-	// A request sent to the silent member before the edge sees it dead
-	// (its heartbeat timeout) waits for it: the edge cannot tell.
-	tunneltest.Eventually(t, 5*time.Second, "the edge to see m0's agent dead", func() bool {
+	partitionMember(t, p, cut, kept, "m0", "m1", e.Client(), func() bool {
+		// A request sent to the silent member before the edge sees it
+		// dead (its heartbeat timeout) waits for it: the edge cannot tell.
 		tn := poolTunnel(t, e, "part."+tunneltest.Domain)
 		return len(tn.Members) == 2 && !tn.Members[0].Online
 	})
-	c := e.Client()
+	if tn := poolTunnel(t, e, "part."+tunneltest.Domain); len(tn.Members) != 2 {
+		t.Fatalf("pool after the partition: %+v, want 2 members", tn)
+	}
+}
+
+// partitionMember cuts cut's agent off at p until out says its edge sees
+// it gone; meanwhile every request through c goes to keptName. Back, the
+// cut agent takes its member again on a new session at a higher
+// generation and serves visitors of c, while kept's session and
+// generation never changed.
+func partitionMember(t *testing.T, p *tunneltest.FaultProxy, cut, kept *tunneltest.Agent, cutName, keptName string, c *http.Client, out func() bool) {
+	t.Helper()
+	before, cutBefore := kept.Status(), cut.Status()
+	p.Block()
+	cut.WaitStatus(t, 5*time.Second, "the cut agent to notice", func(s agent.Status) bool { return s.State == agent.StateReconnecting })
+	tunneltest.Eventually(t, 10*time.Second, "the edges to see "+cutName+"'s agent gone", out)
 	counts, errs := visitPool(t, c, "part", 50, 2, false)
-	if len(errs) > 0 || counts["m1"] != 50 {
-		t.Fatalf("while m0's agent is cut off: %v %v, want all 50 from m1", counts, errs)
+	if len(errs) > 0 || counts[keptName] != 50 {
+		t.Fatalf("while %s's agent is cut off: %v %v, want all 50 from %s", cutName, counts, errs, keptName)
 	}
 	p.Unblock()
 	back := cut.WaitStatus(t, 10*time.Second, "the cut agent back", func(s agent.Status) bool {
@@ -305,16 +316,13 @@ func TestPoolMemberPartitioned(t *testing.T) {
 	if back.Tunnels[0].Generation <= cutBefore.Tunnels[0].Generation {
 		t.Fatalf("the member came back at generation %d, not above %d", back.Tunnels[0].Generation, cutBefore.Tunnels[0].Generation)
 	}
-	tunneltest.Eventually(t, 10*time.Second, "m0 to serve again", func() bool {
+	tunneltest.Eventually(t, 10*time.Second, cutName+" to serve again", func() bool {
 		counts, _ := visitPool(t, c, "part", 20, 2, false)
-		return counts["m0"] > 0
+		return counts[cutName] > 0
 	})
 	now := kept.Status()
 	if now.State != agent.StateOnline || now.SessionID != before.SessionID || now.Tunnels[0].Generation != before.Tunnels[0].Generation {
 		t.Fatalf("the member that stayed changed: %+v, was %+v", now.Tunnels[0], before.Tunnels[0])
-	}
-	if tn := poolTunnel(t, e, "part."+tunneltest.Domain); len(tn.Members) != 2 {
-		t.Fatalf("pool after the partition: %+v, want 2 members", tn)
 	}
 }
 

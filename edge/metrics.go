@@ -80,6 +80,7 @@ const (
 	limitAgentConns      = "agent_conns"      // MaxAgentConns, MaxAgentConnsPerIP
 	limitAuthBan         = "auth_ban"         // AuthFailureLimit
 	limitIPDenied        = "ip_denied"        // a binding's --allow-cidr, --deny-cidr
+	limitSignIns         = "sign_ins"         // usedNonces
 )
 
 // Results of ngstone_pool_routes_total{result}.
@@ -136,7 +137,7 @@ func newMetrics(e *Edge) *metrics {
 	}
 	m.limits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngstone_limits_total",
-		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban, ip_denied.",
+		Help: "Bounds hit, by limit: visitor_conns, visitor_requests, session_streams, response_head, write_timeout, read_timeout, agent_conns, auth_ban, ip_denied, sign_ins.",
 	}, []string{"limit"})
 	m.acceptErrs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "ngstone_accept_errors_total",

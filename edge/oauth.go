@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"html/template"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"slices"
@@ -17,7 +18,6 @@ import (
 	"time"
 
 	"github.com/coreos/go-oidc/v3/oidc"
-	"github.com/hashicorp/golang-lru/v2/simplelru"
 	"golang.org/x/oauth2"
 
 	"github.com/ngstone/ngstone/mux"
@@ -58,8 +58,9 @@ const (
 	stateLifetime = 10 * time.Minute
 	// handoffLifetime bounds the hop from the callback to the tunnel.
 	handoffLifetime = time.Minute
-	// usedNonces bounds the nonces an edge remembers, each for at most
-	// stateLifetime.
+	// usedNonces bounds the nonces an edge remembers, each until it
+	// expires (at most stateLifetime): full, it refuses new sign-ins
+	// rather than forget one in force, which could then be used again.
 	usedNonces = 1 << 16
 	// maxCookie bounds the session cookie's value, within a browser's 4 KiB.
 	maxCookie = 3800
@@ -121,7 +122,10 @@ type oauth struct {
 	idle      time.Duration
 
 	mu   sync.Mutex
-	used *simplelru.LRU[string, int64] // nonce → when it expires
+	used map[string]int64 // nonce → when it expires (Unix seconds)
+	// soonest is no later than when the first of used expires: full
+	// until then, a sign-in is refused without a sweep.
+	soonest int64
 }
 
 func newOAuth(cfg Config) (*oauth, error) {
@@ -143,8 +147,7 @@ func newOAuth(cfg Config) (*oauth, error) {
 	if err != nil {
 		return nil, err
 	}
-	used, _ := simplelru.NewLRU[string, int64](usedNonces, nil)
-	o := &oauth{providers: map[string]*provider{}, seal: s, lifetime: cfg.OAuthSessionDuration, idle: cfg.OAuthIdleTimeout, used: used}
+	o := &oauth{providers: map[string]*provider{}, seal: s, lifetime: cfg.OAuthSessionDuration, idle: cfg.OAuthIdleTimeout, used: map[string]int64{}}
 	for _, p := range cfg.OAuthProviders {
 		o.providers[p.Name] = newProvider(p)
 	}
@@ -390,8 +393,8 @@ func (e *Edge) oauthCallback(w http.ResponseWriter, r *http.Request) {
 	case q.Get("error") != "":
 		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusForbidden, "the provider said: "+q.Get("error")+" "+q.Get("error_description"), nil)
 		return
-	case !o.use(st.Nonce, st.Expires):
-		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusBadRequest, "this sign-in's answer was used already", nil)
+	}
+	if !e.useNonce(w, r, host, p.cfg.Name, st.Nonce, st.Expires, now, "this sign-in's answer was used already") {
 		return
 	}
 	c, err := p.config(r.Context(), "https://"+oauthHost+"."+e.cfg.Domain+hostPort(r.Host)+oauthCallbackPath)
@@ -433,11 +436,12 @@ func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host, state 
 		err = errors.New("the handoff is over its lifetime")
 	case state == "" || state != h.Nonce:
 		err = errors.New("this browser did not begin the sign-in here")
-	case !o.use("handoff "+h.Nonce, h.Expires):
-		err = errors.New("the handoff was used already")
 	}
 	if err != nil {
 		e.oauthFailed(w, r, host, h.Session.Provider, http.StatusBadRequest, "this sign-in cannot finish here", err)
+		return
+	}
+	if !e.useNonce(w, r, host, h.Session.Provider, "handoff "+h.Nonce, h.Expires, now, "this sign-in cannot finish here: its handoff was used already") {
 		return
 	}
 	v, err := o.seal.seal(sealSession, h.Session)
@@ -455,15 +459,50 @@ func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host, state 
 	http.Redirect(w, r, localPath(h.Path), http.StatusSeeOther)
 }
 
-// use marks nonce used until expires; false if it was already.
-func (o *oauth) use(nonce string, expires int64) bool {
+// useNonce marks nonce used until expires (Unix seconds), or answers the
+// visitor why not: used already (400, saying used), or usedNonces in force
+// already (503). It reports whether the sign-in goes on.
+func (e *Edge) useNonce(w http.ResponseWriter, r *http.Request, host, provider, nonce string, expires int64, now time.Time, used string) bool {
+	fresh, full := e.oauth.use(nonce, expires, now.Unix())
+	switch {
+	case full:
+		e.metrics.limited(limitSignIns)
+		e.oauthFailed(w, r, host, provider, http.StatusServiceUnavailable,
+			fmt.Sprintf("the edge is finishing %d sign-ins already: retry in a few minutes", usedNonces), nil)
+	case !fresh:
+		e.oauthFailed(w, r, host, provider, http.StatusBadRequest, used, nil)
+	}
+	return fresh
+}
+
+// use marks nonce used until expires; fresh is false if it was already.
+// Full, it forgets the expired nonces; full of nonces in force, it marks
+// none (full).
+func (o *oauth) use(nonce string, expires, now int64) (fresh, full bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if _, ok := o.used.Get(nonce); ok {
-		return false
+	if _, ok := o.used[nonce]; ok {
+		return false, false
 	}
-	o.used.Add(nonce, expires)
-	return true
+	if len(o.used) >= usedNonces {
+		if now <= o.soonest {
+			return false, true
+		}
+		o.soonest = math.MaxInt64
+		maps.DeleteFunc(o.used, func(_ string, exp int64) bool {
+			if exp < now {
+				return true
+			}
+			o.soonest = min(o.soonest, exp)
+			return false
+		})
+		if len(o.used) >= usedNonces {
+			return false, true
+		}
+	}
+	o.used[nonce] = expires
+	o.soonest = min(o.soonest, expires)
+	return true, false
 }
 
 // oauthFailed answers a sign-in that cannot go on: 400 oauth_failed for

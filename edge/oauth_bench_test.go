@@ -5,6 +5,7 @@ import (
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"io"
 	"net/http/httptest"
 	"testing"
@@ -14,7 +15,8 @@ import (
 )
 
 // The edge's own work per request for a tunnel's checks, without the
-// request's path: BENCHMARKS.md keeps the figures.
+// request's path: BENCHMARKS.md keeps the figures; and the sign-in's
+// bound on the nonces it remembers.
 
 // BenchmarkOAuthSignedIn: a signed-in visitor's request through the gate
 // (the cookie opened and checked, the allow list, the edge's cookies
@@ -76,5 +78,39 @@ func BenchmarkVerifyWebhook(b *testing.B) {
 			b.Fatal("refused")
 		}
 		io.Copy(io.Discard, r.Body)
+	}
+}
+
+// TestNoncesNeverForgottenInForce: the set of used nonces, full of nonces
+// in force, refuses a new one rather than forget one, which could then
+// be used again; once some expire, they make room.
+func TestNoncesNeverForgottenInForce(t *testing.T) {
+	o := &oauth{used: map[string]int64{}}
+	const now = 1_000_000
+	for i := range usedNonces {
+		exp := int64(now + 600)
+		if i < 10 {
+			exp = now + 60 // handoffs: expire first
+		}
+		if fresh, full := o.use(fmt.Sprint(i), exp, now); !fresh || full {
+			t.Fatalf("nonce %d of %d: fresh %v, full %v", i, usedNonces, fresh, full)
+		}
+	}
+	if fresh, full := o.use("one more", now+600, now+1); fresh || !full {
+		t.Fatalf("a new nonce with every one in force: fresh %v, full %v; want refused, full", fresh, full)
+	}
+	for _, n := range []string{"0", "9", fmt.Sprint(usedNonces - 1)} {
+		if fresh, _ := o.use(n, now+600, now+1); fresh {
+			t.Fatalf("nonce %s, in force, was forgotten and taken again", n)
+		}
+	}
+	// The ten handoffs have expired: room for ten, and no more.
+	for i := range 10 {
+		if fresh, full := o.use(fmt.Sprint("late ", i), now+700, now+61); !fresh || full {
+			t.Fatalf("late nonce %d after ten expired: fresh %v, full %v", i, fresh, full)
+		}
+	}
+	if fresh, full := o.use("late 10", now+700, now+61); fresh || !full {
+		t.Fatalf("an eleventh late nonce: fresh %v, full %v; want refused, full", fresh, full)
 	}
 }

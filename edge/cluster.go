@@ -390,7 +390,13 @@ func (t *routeTransport) forwardOnce(req *http.Request, rt route, body *unreadBo
 		if err != nil {
 			c.flying(rt.generation, -1)
 		} else {
-			resp.Body = &landing{ReadCloser: resp.Body, c: c, gen: rt.generation}
+			l := &landing{ReadCloser: resp.Body, c: c, gen: rt.generation}
+			resp.Body = l
+			if rwc, ok := l.ReadCloser.(io.ReadWriteCloser); ok {
+				// An upgraded connection: the reverse proxy copies both
+				// ways, and needs the body writable.
+				resp.Body = &upgradedLanding{l, rwc}
+			}
 		}
 	}
 	var oe *net.OpError
@@ -431,6 +437,12 @@ type landing struct {
 func (l *landing) Close() error {
 	l.once.Do(func() { l.c.flying(l.gen, -1) })
 	return l.ReadCloser.Close()
+}
+
+// upgradedLanding is a landing after a 101: the connection, writable.
+type upgradedLanding struct {
+	*landing
+	io.Writer
 }
 
 // withBody gives req the body wrapper, which the forwarding transport may

@@ -15,8 +15,9 @@ import (
 // FuzzEtcdEvent feeds the watch arbitrary keys and values, as a broken or
 // hostile writer to the shared etcd could, over a cache that holds a
 // binding of this node: the route cache must neither crash nor hold a
-// route whose value did not decode, and only a binding of this node that
-// the change ended is reported taken over.
+// route (a binding, or a pool sealed from a member) whose value did not
+// decode, and only a binding of this node that the change ended is
+// reported taken over.
 func FuzzEtcdEvent(f *testing.F) {
 	f.Add("hosts/app.example.com", []byte(`{"instance_id":"a","session_id":1,"node":"n1"}`), int64(5), false)
 	f.Add("hosts/app.example.com", []byte(`{`), int64(7), true)
@@ -26,6 +27,11 @@ func FuzzEtcdEvent(f *testing.F) {
 	f.Add("sessions/n1/7", []byte(""), int64(3), true)
 	f.Add("reserved/mine.example.com", []byte(`{"token_id":"t","for":60000000000}`), int64(10), false)
 	f.Add("hosts/", []byte(`null`), int64(-1), false)
+	f.Add("members/app.example.com/n2/3", []byte(`{"token_id":"t","session_id":3,"node":"n2","down":"refused"}`), int64(11), false)
+	f.Add("members/mine.example.com/n2/3", []byte(`{"token_id":"t","session_id":3,"node":"n2"}`), int64(12), false)
+	f.Add("members/mine.example.com/n1/1", []byte(`{"session_id":1,"node":"n1"}`), int64(4), true)
+	f.Add("members/mine.example.com", []byte(`{}`), int64(13), false)
+	f.Add("members//n1/1", []byte(`{"down":7}`), int64(14), false)
 	f.Fuzz(func(t *testing.T, key string, val []byte, rev int64, del bool) {
 		var told []Binding
 		s := NewEtcd(EtcdConfig{Prefix: "/p/", Node: "n1"})

@@ -468,7 +468,11 @@ func TestEtcdPoolSingleRace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(final.Owners()) != max(len(hosts), len(ms)) || ok != (len(state) > 0) {
+	owners := 0
+	if ok {
+		owners = len(final.Owners())
+	}
+	if owners != max(len(hosts), len(ms)) || ok != (len(state) > 0) {
 		t.Fatalf("Get says %+v, %v; etcd holds %d bindings and %d members", final, ok, len(hosts), len(ms))
 	}
 	for _, n := range nodes {

@@ -188,6 +188,8 @@ func (e *Edge) claim(ctx context.Context, s *session, host string, takeover, exc
 		holder := e.holder(ctx, host)
 		msg := fmt.Sprintf("%s is in use by another agent: %s, or stop the agent that holds it%s", e.publicName(host), choose, e.silentHolder(holder))
 		switch {
+		case errors.Is(err, registry.ErrPoolFull):
+			msg = fmt.Sprintf("%s is served by a pool of %d agents, the most one pool takes: stop one of them, or %s", e.publicName(host), registry.MaxPoolMembers, choose)
 		case errors.Is(err, registry.ErrPooled) && c.Pool:
 			msg = fmt.Sprintf("%s is served by a pool this agent cannot join (of another token, or another protocol): %s", e.publicName(host), choose)
 		case errors.Is(err, registry.ErrPooled):

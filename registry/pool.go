@@ -14,6 +14,15 @@ var ErrPooled = fmt.Errorf("%w: a pool of agents", ErrTaken)
 // which asked for no pool.
 var ErrNotPooled = fmt.Errorf("%w: an agent that is not in a pool", ErrTaken)
 
+// MaxPoolMembers bounds a pool's members: the cluster's store reads and
+// writes them all in one etcd transaction, which etcd bounds (128
+// operations by default).
+const MaxPoolMembers = 50
+
+// ErrPoolFull is ErrTaken for a claim that would be a pool's member past
+// MaxPoolMembers.
+var ErrPoolFull = fmt.Errorf("%w: a pool of %d agents, its most", ErrTaken, MaxPoolMembers)
+
 // Owners returns the bindings that hold b's name: its members for a pool,
 // else b itself.
 func (b Binding) Owners() []Binding {
@@ -67,6 +76,9 @@ func bindLocal(old Binding, held bool, c Claim, live LivenessFunc, gen uint64, n
 			next.Members = slices.Clone(old.Members)
 			next.Members[i] = mine
 			return sealPool(next), Result{Binding: mine, Outcome: SameInstance, Previous: &m}, nil
+		}
+		if len(old.Members) >= MaxPoolMembers {
+			return old, Result{}, ErrPoolFull
 		}
 		next = old
 		next.Members = append(slices.Clone(old.Members), mine)

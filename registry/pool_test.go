@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -174,5 +175,35 @@ func TestBoltPoolSurvivesReopen(t *testing.T) {
 	}
 	if ok, _ := s.Release(context.Background(), host, 2, b.Binding.Generation); !ok {
 		t.Fatal("release of a member after reopening failed")
+	}
+}
+
+// A pool takes MaxPoolMembers members and no more; a member's own
+// instance still takes its place back in a full pool.
+func TestPoolFull(t *testing.T) {
+	for name, newStore := range poolStores {
+		t.Run(name, func(t *testing.T) {
+			s := newStore(t, newLiveness())
+			var first registry.Result
+			for i := range registry.MaxPoolMembers {
+				c := poolClaim(fmt.Sprintf("%032x", i), uint64(i+1))
+				res, err := s.Bind(context.Background(), c)
+				if err != nil {
+					t.Fatalf("member %d: %v", i, err)
+				}
+				if i == 0 {
+					first = res
+				}
+			}
+			over := poolClaim(fmt.Sprintf("%032x", registry.MaxPoolMembers), 1000)
+			if _, err := s.Bind(context.Background(), over); !errors.Is(err, registry.ErrPoolFull) || !errors.Is(err, registry.ErrTaken) {
+				t.Fatalf("member %d: %v, want ErrPoolFull (ErrTaken)", registry.MaxPoolMembers+1, err)
+			}
+			back := mustBind(t, s, poolClaim(fmt.Sprintf("%032x", 0), 1001), registry.SameInstance)
+			mustPrevious(t, back, first.Binding)
+			if got := members(t, s); len(got) != registry.MaxPoolMembers {
+				t.Fatalf("%d members, want %d", len(got), registry.MaxPoolMembers)
+			}
+		})
 	}
 }

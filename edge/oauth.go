@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -270,8 +271,7 @@ func (e *Edge) signedIn(w http.ResponseWriter, r *http.Request, rt route, rule *
 		e.oauthHandoff(w, r, host, state, now)
 		return nil
 	case oauthLogoutPath:
-		clearCookie(w, sessionCookie)
-		e.oauthPage(w, http.StatusOK, "", "Signed out", host, "", "You are signed out of "+host+".", "/")
+		e.oauthLogout(w, r, host)
 		return nil
 	}
 	if rule.preflight && r.Method == http.MethodOptions && r.Header.Get("Origin") != "" && r.Header.Get("Access-Control-Request-Method") != "" {
@@ -518,6 +518,45 @@ func (e *Edge) oauthFailed(w http.ResponseWriter, r *http.Request, host, provide
 	e.oauthPage(w, status, mux.CodeOAuthFailed, "Sign-in failed", host, "", why+". Open "+host+" again to start over.", "")
 }
 
+// oauthLogout signs a visitor out of host: a GET shows a page whose
+// button does it (a POST), and a POST from host's own page (or from no
+// browser: no Origin) ends the session. Another site's page cannot sign
+// a visitor out, by a link, an image or a form of its own; another
+// tunnel of the edge is another site.
+func (e *Edge) oauthLogout(w http.ResponseWriter, r *http.Request, host string) {
+	switch {
+	case r.Method != http.MethodPost:
+		e.oauthForm(w, host)
+	case !fromHost(r):
+		e.oauthPage(w, http.StatusBadRequest, mux.CodeBadRequest, "Not signed out", host, "",
+			"Another site asked to sign you out of "+host+": only its own page may. Sign out from "+host+oauthLogoutPath+".", "")
+	default:
+		clearCookie(w, sessionCookie)
+		e.oauthPage(w, http.StatusOK, "", "Signed out", host, "", "You are signed out of "+host+".", "/")
+	}
+}
+
+// fromHost reports whether r comes from a page of its own host, as a
+// browser says (Sec-Fetch-Site; else Origin, which a page without a
+// referrer sends as "null"), or from a client that says nothing of it.
+func fromHost(r *http.Request) bool {
+	switch r.Header.Get("Sec-Fetch-Site") {
+	case "same-origin":
+		return true
+	case "":
+	default:
+		return false
+	}
+	o := r.Header.Get("Origin")
+	if o == "" {
+		return true
+	}
+	u, err := url.Parse(o)
+	// The scheme is left out: a request another edge forwarded came over
+	// its TLS, whatever the visitor's was.
+	return err == nil && u.Host != "" && strings.EqualFold(u.Host, r.Host)
+}
+
 var oauthPageTmpl = template.Must(template.New("").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>{{.Title}} · {{.Host}}</title></head>
@@ -525,12 +564,24 @@ var oauthPageTmpl = template.Must(template.New("").Parse(`<!doctype html>
 <h1>{{.Title}}</h1><p id="text">{{.Text}}</p>
 {{if .Who}}<p>Signed in as <b id="who">{{.Who}}</b>.</p>{{end}}
 {{if .Link}}<p><a id="link" href="{{.Link}}">{{if .Who}}Sign out{{else}}Continue{{end}}</a></p>{{end}}
+{{if .Form}}<form method="post" action="{{.Form}}"><button id="signout" type="submit">Sign out</button></form>{{end}}
 {{if .Code}}<p><small>{{.Code}}</small></p>{{end}}
 </body></html>
 `))
 
+// oauthForm is the sign-out page: its button posts to the logout path.
+func (e *Edge) oauthForm(w http.ResponseWriter, host string) {
+	e.writePage(w, http.StatusOK, "", pageData{Title: "Sign out", Host: host, Text: "Sign out of " + host + "?", Form: oauthLogoutPath})
+}
+
+type pageData struct{ Title, Host, Who, Text, Link, Form, Code string }
+
 // oauthPage answers with one of the edge's sign-in pages.
 func (e *Edge) oauthPage(w http.ResponseWriter, status int, code, title, host, who, text, link string) {
+	e.writePage(w, status, code, pageData{Title: title, Host: host, Who: who, Text: text, Link: link, Code: code})
+}
+
+func (e *Edge) writePage(w http.ResponseWriter, status int, code string, d pageData) {
 	h := w.Header()
 	if code != "" {
 		h.Set(mux.ErrorHeader, code)
@@ -539,9 +590,14 @@ func (e *Edge) oauthPage(w http.ResponseWriter, status int, code, title, host, w
 	h.Set("Cache-Control", "no-store")
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
-	h.Set("Referrer-Policy", "no-referrer")
+	if d.Form != "" {
+		// So that a browser without Sec-Fetch-Site sends the form's Origin.
+		h.Set("Referrer-Policy", "same-origin")
+	} else {
+		h.Set("Referrer-Policy", "no-referrer")
+	}
 	w.WriteHeader(status)
-	oauthPageTmpl.Execute(w, struct{ Title, Host, Who, Text, Link, Code string }{title, host, who, text, link, code})
+	oauthPageTmpl.Execute(w, d)
 }
 
 func setCookie(w http.ResponseWriter, name, value string, maxAge time.Duration) {

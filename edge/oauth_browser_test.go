@@ -83,8 +83,15 @@ func TestOAuthInBrowser(t *testing.T) {
 	if err != nil || echo != "hi from alice@example.com" {
 		t.Fatalf("WebSocket after sign-in: %q %v", echo, err)
 	}
-	if got := body(oauthURL(e, "app", "/.ngstone/logout")); !strings.Contains(got, "signed out") {
+	// Sign-out is the logout page's button: a form of the tunnel's own.
+	if got := body(oauthURL(e, "app", "/.ngstone/logout")); !strings.Contains(got, "Sign out of app.") {
 		t.Fatalf("logout page: %q", got)
+	}
+	if err := chromedp.Do(ctx, chromedp.Click(chromedp.ID("signout")), chromedp.WaitVisible(chromedp.ID("link"))); err != nil {
+		t.Fatalf("sign out: %v", err)
+	}
+	if got, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.body.innerText`)); err != nil || !strings.Contains(got, "signed out") {
+		t.Fatalf("after the sign-out button: %q %v", got, err)
 	}
 
 	m.QueueUser(&mockoidc.MockUser{Subject: "b-1", Email: "bob@example.com", EmailVerified: true})

@@ -290,14 +290,39 @@ func TestOAuthSignIn(t *testing.T) {
 		}
 	})
 	t.Run("logout", func(t *testing.T) {
-		a := oauthDo(t, alice, "GET", oauthURL(e, "app", "/.ngstone/logout"))
+		logout := oauthURL(e, "app", "/.ngstone/logout")
+		signedIn := func() bool {
+			for _, k := range alice.Jar.Cookies(&url.URL{Scheme: "https", Host: "app." + tunneltest.Domain}) {
+				if k.Name == "__Host-ngstone-session" {
+					return true
+				}
+			}
+			return false
+		}
+		// A GET (a link, an image of any page) only shows the button;
+		// a POST from another site, another tunnel of the edge
+		// included, signs no one out.
+		if a := oauthDo(t, alice, "GET", logout); a.status != 200 || !strings.Contains(a.body, `<form method="post" action="/.ngstone/logout">`) || !signedIn() {
+			t.Fatalf("GET logout: %d %q, signed in %v; want the page with its button, still signed in", a.status, a.body, signedIn())
+		}
+		u, _ := url.Parse(logout)
+		for _, hdr := range [][]string{
+			{"Origin", "https://evil.example"},
+			{"Origin", "https://other." + tunneltest.Domain + ":" + u.Port()},
+			{"Origin", "null"},
+			{"Sec-Fetch-Site", "same-site"},
+			{"Sec-Fetch-Site", "cross-site", "Origin", u.Scheme + "://" + u.Host},
+		} {
+			if a := oauthDo(t, alice, "POST", logout, hdr...); a.status != 400 || a.code != mux.CodeBadRequest || !signedIn() {
+				t.Fatalf("POST logout with %v: %d %q, signed in %v; want 400 bad_request, still signed in", hdr, a.status, a.code, signedIn())
+			}
+		}
+		a := oauthDo(t, alice, "POST", logout, "Origin", u.Scheme+"://"+u.Host, "Sec-Fetch-Site", "same-origin")
 		if a.status != 200 || !strings.Contains(a.body, "signed out") {
 			t.Fatalf("logout: %d %q", a.status, a.body)
 		}
-		for _, k := range alice.Jar.Cookies(&url.URL{Scheme: "https", Host: "app." + tunneltest.Domain}) {
-			if k.Name == "__Host-ngstone-session" {
-				t.Fatal("the session cookie outlived the logout")
-			}
+		if signedIn() {
+			t.Fatal("the session cookie outlived the logout")
 		}
 		alice.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 		if a := oauthDo(t, alice, "GET", oauthURL(e, "app", "/")); !toProvider(m, a) {

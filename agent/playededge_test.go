@@ -136,10 +136,10 @@ func TestStreamsStayOpen(t *testing.T) {
 }
 
 // TestUnusedStreamHoldsNoDrain: a stream the edge opened and never sent a
-// byte on (one its connection pool dialed and did not need) does not hold
-// up the drain of a session whose tunnel was taken over: the session
-// closes at once, not when the stream's wait for a request head
-// (DialTimeout, 10 s here) runs out, nor at DrainTimeout.
+// byte on (one its connection pool dialed and did not need) holds up the
+// drain of a session whose tunnel was taken over for a second at most,
+// not until the stream's wait for a request head (DialTimeout, 10 s here)
+// runs out, nor until DrainTimeout.
 func TestUnusedStreamHoldsNoDrain(t *testing.T) {
 	cfg := agent.DefaultConfig()
 	cfg.Local, cfg.Subdomain, cfg.DrainTimeout = "127.0.0.1:1", "app", time.Minute

@@ -75,10 +75,29 @@ func (l *streamListener) Accept() (net.Conn, error) {
 		return nil, err
 	}
 	l.a.wg.Add(1) // while serveStreams holds one: never from zero
+	l.held.Add()
 	l.addrs.Do(func() { l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr()) })
-	sc := &streamConn{Conn: c, a: l.a, held: l.held, local: l.local, remote: l.remote}
+	sc := &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}
 	sc.waiting.Store(true)
+	time.AfterFunc(newStreamGrace, sc.unused)
 	return sc, nil
+}
+
+// newStreamGrace is how long a new stream holds up the drain before its
+// first byte: the edge sends its request right behind the stream's
+// opening, which a takeover's notice may overtake. One that stays silent
+// (the edge's pool opened one it did not need) holds up nothing after it,
+// rather than until its wait for a request head (DialTimeout) ends.
+const newStreamGrace = time.Second
+
+// unused lets a new stream that has read nothing go from the drain's count.
+func (c *streamConn) unused() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.waiting.Load() && c.holding && !c.read {
+		c.held.Done()
+		c.holding = false
+	}
 }
 
 // fixedAddr is an address formatted once: every stream of a session has
@@ -108,12 +127,13 @@ type streamConn struct {
 
 	mu      sync.Mutex
 	holding bool // counted in held
+	read    bool // a byte was read: not new any more
 	ended   bool // its WaitGroup count is given back
 }
 
-// Read holds up the drain from an exchange's first byte: a stream the
-// edge opened and sent nothing on (its pool dialed one it did not need)
-// holds up nothing, so a drain never waits out its wait for a request.
+// Read holds up the drain from an exchange's first byte on an idle
+// stream (a new one holds it from its accept, for newStreamGrace at
+// least): a stream that waits for its next request holds up nothing.
 func (c *streamConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 && c.waiting.Load() {
@@ -123,6 +143,7 @@ func (c *streamConn) Read(p []byte) (int, error) {
 			c.holding = true
 		}
 		c.waiting.Store(false)
+		c.read = true
 		c.mu.Unlock()
 	}
 	return n, err
@@ -138,12 +159,17 @@ func (c *streamConn) Write(p []byte) (int, error) {
 }
 
 // state follows the server's view of the stream: an exchange running holds
-// up the drain (from its first byte, Read); a new or idle stream, an
+// up the drain (from its first byte, Read), and so does a new stream
+// (from its accept, within newStreamGrace: unused); an idle stream, an
 // upgraded connection or a closed stream does not. A closed or hijacked
 // stream's goroutine is done with it.
 func (c *streamConn) state(st http.ConnState) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if st == http.StateNew {
+		c.waiting.Store(true)
+		return
+	}
 	hold := st == http.StateActive
 	switch {
 	case hold && !c.holding && !c.ended:
@@ -152,7 +178,7 @@ func (c *streamConn) state(st http.ConnState) {
 		c.held.Done()
 	}
 	c.holding = hold && !c.ended
-	c.waiting.Store(st == http.StateNew || st == http.StateIdle)
+	c.waiting.Store(st == http.StateIdle)
 	if (st == http.StateClosed || st == http.StateHijacked) && !c.ended {
 		c.ended = true
 		c.a.wg.Done()

@@ -14,3 +14,10 @@ func ClusterPending(e *Edge) (inFlight, health int) {
 	defer e.cluster.mu.Unlock()
 	return len(e.cluster.inFlight), len(e.cluster.health)
 }
+
+// UsedNonces returns how many sign-in nonces e remembers as used.
+func UsedNonces(e *Edge) int {
+	e.oauth.mu.Lock()
+	defer e.oauth.mu.Unlock()
+	return len(e.oauth.used)
+}

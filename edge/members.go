@@ -253,6 +253,13 @@ func (t *routeTransport) retryPooled(req *http.Request, rt route, resp *http.Res
 			return resp, err
 		}
 		next := route{node: m.Node, hostname: rt.hostname, generation: m.Generation, relay: rt.relay, pool: true}
+		if rt.s != nil && !t.e.local(m) {
+			if webhook, rule := rt.s.checks(rt.hostname); webhook != nil || rule != nil {
+				// Checked here, the request lost what another edge would
+				// check it by again (the sign-in's cookie, its body).
+				return resp, err
+			}
+		}
 		if t.e.local(m) {
 			if next.s = t.e.session(m.SessionID); next.s == nil || !t.checked(req, rt, next.s) {
 				return resp, err

@@ -122,8 +122,9 @@ type oauth struct {
 	lifetime  time.Duration
 	idle      time.Duration
 
-	mu   sync.Mutex
-	used map[string]int64 // nonce → when it expires (Unix seconds)
+	mu      sync.Mutex
+	used    map[string]int64    // nonce → when it expires (Unix seconds)
+	pending map[string]struct{} // nonces whose sign-in the provider is being asked about
 	// soonest is no later than when the first of used expires: full
 	// until then, a sign-in is refused without a sweep.
 	soonest int64
@@ -148,7 +149,7 @@ func newOAuth(cfg Config) (*oauth, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &oauth{providers: map[string]*provider{}, seal: s, lifetime: cfg.OAuthSessionDuration, idle: cfg.OAuthIdleTimeout, used: map[string]int64{}}
+	o := &oauth{providers: map[string]*provider{}, seal: s, lifetime: cfg.OAuthSessionDuration, idle: cfg.OAuthIdleTimeout, used: map[string]int64{}, pending: map[string]struct{}{}}
 	for _, p := range cfg.OAuthProviders {
 		o.providers[p.Name] = newProvider(p)
 	}
@@ -394,9 +395,18 @@ func (e *Edge) oauthCallback(w http.ResponseWriter, r *http.Request) {
 		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusForbidden, "the provider said: "+q.Get("error")+" "+q.Get("error_description"), nil)
 		return
 	}
-	if !e.useNonce(w, r, host, p.cfg.Name, st.Nonce, st.Expires, now, "this sign-in's answer was used already") {
+	const usedAlready = "this sign-in's answer was used already"
+	switch o.begin(st.Nonce) {
+	case beginUsed:
+		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusBadRequest, usedAlready, nil)
+		return
+	case beginFull:
+		e.metrics.limited(limitSignIns)
+		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusServiceUnavailable,
+			fmt.Sprintf("the edge is asking its providers about %d sign-ins already: retry in a moment", maxPending), nil)
 		return
 	}
+	defer o.end(st.Nonce)
 	c, err := p.config(r.Context(), "https://"+oauthHost+"."+e.cfg.Domain+hostPort(r.Host)+oauthCallbackPath)
 	if err != nil {
 		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusBadGateway, "the provider "+p.cfg.Name+" could not be reached", err)
@@ -405,6 +415,12 @@ func (e *Edge) oauthCallback(w http.ResponseWriter, r *http.Request) {
 	id, err := p.exchange(r.Context(), c, q.Get("code"), st.Verifier, st.Nonce, st.Claims)
 	if err != nil {
 		e.oauthFailed(w, r, host, p.cfg.Name, http.StatusBadGateway, "the provider "+p.cfg.Name+" did not confirm the sign-in", err)
+		return
+	}
+	// Marked used only once the provider confirmed the sign-in: states
+	// anyone may have (a tunnel's redirect hands them out) with no code
+	// behind them take no room among the nonces.
+	if !e.useNonce(w, r, host, p.cfg.Name, st.Nonce, st.Expires, now, usedAlready) {
 		return
 	}
 	h := oauthHandoff{Nonce: st.Nonce, Path: st.Path, Expires: now.Add(handoffLifetime).Unix(),
@@ -473,6 +489,42 @@ func (e *Edge) useNonce(w http.ResponseWriter, r *http.Request, host, provider, 
 		e.oauthFailed(w, r, host, provider, http.StatusBadRequest, used, nil)
 	}
 	return fresh
+}
+
+// What begin says of a sign-in's answer.
+const (
+	beginOK   = iota // its nonce is pending until end
+	beginUsed        // used already, or being checked with the provider
+	beginFull        // maxPending are being checked already
+)
+
+// maxPending bounds the sign-ins the edge asks its providers about at once.
+const maxPending = 4096
+
+// begin marks nonce pending while the provider is asked about its sign-in,
+// so that the same answer brought twice at once is asked about once; it
+// is marked used (use) only once the provider confirmed it, so that
+// answers with nothing behind them take no room among the used.
+func (o *oauth) begin(nonce string) int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, used := o.used[nonce]
+	_, pending := o.pending[nonce]
+	switch {
+	case used || pending:
+		return beginUsed
+	case len(o.pending) >= maxPending:
+		return beginFull
+	}
+	o.pending[nonce] = struct{}{}
+	return beginOK
+}
+
+// end ends nonce's pending.
+func (o *oauth) end(nonce string) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	delete(o.pending, nonce)
 }
 
 // use marks nonce used until expires; fresh is false if it was already.

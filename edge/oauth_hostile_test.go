@@ -744,3 +744,40 @@ func TestOAuthHostileUnverifiedEmail(t *testing.T) {
 		}
 	})
 }
+
+// TestOAuthStatesWithoutSignInTakeNoRoom: a tunnel's redirect hands out a
+// state to anyone; brought back to the callback without a sign-in behind
+// it (no code, a code the provider refuses), it takes no room among the
+// nonces an edge remembers, so that states alone cannot fill them and
+// lock every visitor out of signing in.
+func TestOAuthStatesWithoutSignInTakeNoRoom(t *testing.T) {
+	m, e, _ := oauthApp(t, "app", nil)
+	eve := bareClient(t, e, false)
+	for range 3 {
+		start := oauthDo(t, eve, "GET", oauthURL(e, "app", "/"))
+		u, err := url.Parse(start.location)
+		if err != nil || start.status != http.StatusFound {
+			t.Fatalf("sign-in start: %d %q %v", start.status, start.location, err)
+		}
+		st := u.Query().Get("state")
+		cb := oauthURL(e, "auth", "/.ngstone/oauth/callback")
+		for _, q := range []string{"?state=" + url.QueryEscape(st), "?code=forged&state=" + url.QueryEscape(st)} {
+			if a := oauthDo(t, eve, "GET", cb+q); a.status != http.StatusBadGateway {
+				t.Fatalf("callback %s: %d, want 502 (the provider confirmed nothing)", q, a.status)
+			}
+		}
+		// The same state again is refused by the provider, not as used:
+		// nothing was marked.
+		if a := oauthDo(t, eve, "GET", cb+"?code=forged&state="+url.QueryEscape(st)); strings.Contains(a.body, "used already") {
+			t.Fatalf("a state without a sign-in was marked used: %d %q", a.status, a.body)
+		}
+	}
+	if n := edge.UsedNonces(e.Edge); n != 0 {
+		t.Fatalf("%d nonces remembered for states without a sign-in, want 0", n)
+	}
+	// A sign-in the provider confirmed is remembered.
+	stepSignIn(t, m, e, bareClient(t, e, false), "app", "/", alice())
+	if n := edge.UsedNonces(e.Edge); n != 1 {
+		t.Fatalf("%d nonces remembered after a confirmed sign-in, want 1 (its state)", n)
+	}
+}

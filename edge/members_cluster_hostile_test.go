@@ -1,7 +1,6 @@
 package edge_test
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -234,38 +233,22 @@ type headerMember struct {
 
 func serveHeaders(r *tunneltest.RawSession, name string) *headerMember {
 	m := &headerMember{name: name}
-	go func() {
-		for {
-			st, err := r.YS.AcceptStream()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer st.Close()
-				br := bufio.NewReader(st)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.Copy(io.Discard, req.Body)
-					m.mu.Lock()
-					m.n++
-					for k, v := range req.Header {
-						if strings.HasPrefix(strings.ToLower(k), "ngstone-") {
-							m.bad = append(m.bad, k+": "+strings.Join(v, ","))
-						}
-					}
-					if xff := req.Header.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != "127.0.0.1" {
-						m.bad = append(m.bad, "X-Forwarded-For: "+strings.Join(xff, ","))
-					}
-					m.mu.Unlock()
-					answerOK(st, m.name)
-				}
-			}()
-		}
-	}()
+	serveMemberSeeing(r, name, nil, m.see)
 	return m
+}
+
+func (m *headerMember) see(req *http.Request) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.n++
+	for k, v := range req.Header {
+		if strings.HasPrefix(strings.ToLower(k), "ngstone-") {
+			m.bad = append(m.bad, k+": "+strings.Join(v, ","))
+		}
+	}
+	if xff := req.Header.Values("X-Forwarded-For"); len(xff) != 1 || xff[0] != "127.0.0.1" {
+		m.bad = append(m.bad, "X-Forwarded-For: "+strings.Join(xff, ","))
+	}
 }
 
 // A visitor's forged cluster fields (the generation of a member of the

@@ -44,6 +44,12 @@ type rawMember struct {
 }
 
 func serveMember(r *tunneltest.RawSession, name string, answer func(w io.Writer, name string)) *rawMember {
+	return serveMemberSeeing(r, name, answer, nil)
+}
+
+// serveMemberSeeing is serveMember that also shows each request, its body
+// read, to seen (nil: none) before answering it.
+func serveMemberSeeing(r *tunneltest.RawSession, name string, answer func(w io.Writer, name string), seen func(*http.Request)) *rawMember {
 	if answer == nil {
 		answer = answerOK
 	}
@@ -69,6 +75,9 @@ func serveMember(r *tunneltest.RawSession, name string, answer func(w io.Writer,
 						m.bodies++
 					}
 					m.mu.Unlock()
+					if seen != nil {
+						seen(req)
+					}
 					m.answer(st, m.name)
 				}
 			}()

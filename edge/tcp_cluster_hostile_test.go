@@ -275,7 +275,7 @@ func TestClusterTCPIdleVisitorsBounded(t *testing.T) {
 	}
 	settle := settleVisitors(t, 60*time.Second, limit, &open, &peak, ended)
 
-	beforeEdge, beforeAll, beforeClients := edgeGoroutines(), tunneltest.Goroutines(), clientConns()
+	beforeEdge, beforeAll, beforeClients := peakOf(edgeGoroutines), peakOf(tunneltest.Goroutines), peakOf(clientConns)
 	before := liveHeap()
 	start := time.Now()
 	dial(limit)
@@ -409,7 +409,7 @@ func TestClusterTCPVisitorReset(t *testing.T) {
 	// before and after.
 	scrape(t, a.Edge, "")
 	scrape(t, b.Edge, "")
-	beforeEdge, beforeClients := edgeGoroutines(), clientConns()
+	beforeEdge, beforeClients := peakOf(edgeGoroutines), peakOf(clientConns)
 	// visit dials a visitor of mode and waits for the local service's
 	// '+': the relay is up both ways (a reset before it is not relayed
 	// but failed).

@@ -242,7 +242,7 @@ func TestTCPIdleVisitorsBounded(t *testing.T) {
 	}
 	settle := settleVisitors(t, 20*time.Second, limit, &open, &peak, ended)
 
-	beforeEdge, beforeAll := edgeGoroutines(), tunneltest.Goroutines()
+	beforeEdge, beforeAll := peakOf(edgeGoroutines), peakOf(tunneltest.Goroutines)
 	before := liveHeap()
 	start := time.Now()
 	dial(limit)

@@ -1,6 +1,7 @@
 package edge
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/base64"
@@ -41,10 +42,12 @@ const (
 	oauthHost = "auth"
 )
 
-// Cookies: __Host- binds each to the host that set it, over HTTPS.
+// Cookies: __Host- binds each to the host that set it, over HTTPS. A
+// sign-in's state cookie is named after its nonce, so that sign-ins begun
+// at once in one browser (tabs restored together) each finish.
 const (
 	sessionCookie = "__Host-ngstone-session"
-	stateCookie   = "__Host-ngstone-state"
+	statePrefix   = "__Host-ngstone-state"
 )
 
 // Fields the local service receives about who signed in; the edge drops
@@ -68,6 +71,9 @@ const (
 	// maxReturnPath bounds the path a sign-in returns to, sealed in the
 	// state and the handoff (each read up to maxSealed).
 	maxReturnPath = 1024
+	// maxStates bounds the sign-ins a browser has under way on one host:
+	// a new one past it drops the state cookies of those begun first.
+	maxStates = 4
 )
 
 // Sealed kinds.
@@ -261,15 +267,15 @@ type identityKey struct{}
 func (e *Edge) signedIn(w http.ResponseWriter, r *http.Request, rt route, rule *oauthRule) *http.Request {
 	o, now := e.oauth, time.Now()
 	host := rt.hostname
-	state := cookieValue(r, stateCookie)
+	states := stateCookies(r)
 	sess, sessErr := o.session(r, host, rule, now)
-	dropCookies(r.Header, sessionCookie, stateCookie)
+	dropCookies(r.Header, edgeCookie)
 	if strings.Contains(r.Header.Get("Referer"), oauthCallbackPath) {
 		r.Header.Del("Referer") // it would carry the handoff's code on
 	}
 	switch r.URL.Path {
 	case oauthCallbackPath:
-		e.oauthHandoff(w, r, host, state, now)
+		e.oauthHandoff(w, r, host, states, now)
 		return nil
 	case oauthLogoutPath:
 		e.oauthLogout(w, r, host)
@@ -284,7 +290,7 @@ func (e *Edge) signedIn(w http.ResponseWriter, r *http.Request, rt route, rule *
 			mux.WriteVisitorErrorFor(w, r, mux.CodeOAuthRequired, host)
 			return nil
 		}
-		e.oauthStart(w, r, rt, rule, now)
+		e.oauthStart(w, r, rt, rule, states, now)
 		return nil
 	}
 	if !rule.allows(sess.identity) {
@@ -331,8 +337,9 @@ func (o *oauth) session(r *http.Request, host string, rule *oauthRule, now time.
 	return s, nil
 }
 
-// oauthStart sends the visitor to the provider to sign in.
-func (e *Edge) oauthStart(w http.ResponseWriter, r *http.Request, rt route, rule *oauthRule, now time.Time) {
+// oauthStart sends the visitor to the provider to sign in; states are the
+// sign-ins its browser has under way here.
+func (e *Edge) oauthStart(w http.ResponseWriter, r *http.Request, rt route, rule *oauthRule, states []*http.Cookie, now time.Time) {
 	o, p := e.oauth, rule.provider
 	if !e.visitorTLS(r, rt) {
 		// The session cookie is Secure: sign in over HTTPS.
@@ -358,7 +365,14 @@ func (e *Edge) oauthStart(w http.ResponseWriter, r *http.Request, rt route, rule
 		e.oauthFailed(w, r, rt.hostname, p.cfg.Name, http.StatusInternalServerError, "the edge could not start a sign-in", err)
 		return
 	}
-	setCookie(w, stateCookie, st.Nonce, stateLifetime)
+	if n := len(states) - (maxStates - 1); n > 0 {
+		// The value is when the sign-in expires: the oldest go first.
+		slices.SortFunc(states, func(a, b *http.Cookie) int { return cmp.Compare(unixValue(a), unixValue(b)) })
+		for _, c := range states[:n] {
+			clearCookie(w, c.Name)
+		}
+	}
+	setCookie(w, stateName(st.Nonce), strconv.FormatInt(st.Expires, 10), stateLifetime)
 	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(st.Verifier)}
 	if p.cfg.Kind != OAuthGitHub {
 		opts = append(opts, oidc.Nonce(st.Nonce))
@@ -439,8 +453,8 @@ func (e *Edge) oauthCallback(w http.ResponseWriter, r *http.Request) {
 
 // oauthHandoff serves a tunnel's callback path: the session the callback
 // sealed becomes the host's cookie, if the browser is the one that began
-// the sign-in here (its state cookie).
-func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host, state string, now time.Time) {
+// the sign-in here (its state cookie, among states).
+func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host string, states []*http.Cookie, now time.Time) {
 	o := e.oauth
 	var h oauthHandoff
 	err := o.seal.open(sealHandoff, r.URL.Query().Get("code"), &h)
@@ -450,7 +464,7 @@ func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host, state 
 		err = errors.New("a sign-in of another host")
 	case now.Unix() > h.Expires:
 		err = errors.New("the handoff is over its lifetime")
-	case state == "" || state != h.Nonce:
+	case !slices.ContainsFunc(states, func(c *http.Cookie) bool { return c.Name == stateName(h.Nonce) }):
 		err = errors.New("this browser did not begin the sign-in here")
 	}
 	if err != nil {
@@ -468,7 +482,7 @@ func (e *Edge) oauthHandoff(w http.ResponseWriter, r *http.Request, host, state 
 		e.oauthFailed(w, r, host, h.Session.Provider, http.StatusInternalServerError, "the edge could not finish the sign-in", err)
 		return
 	}
-	clearCookie(w, stateCookie)
+	clearCookie(w, stateName(h.Nonce))
 	setCookie(w, sessionCookie, v, o.lifetime)
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
@@ -566,7 +580,6 @@ func (e *Edge) oauthFailed(w http.ResponseWriter, r *http.Request, host, provide
 	}
 	e.log.Info("sign-in failed", attrs...)
 	e.metrics.oauth.WithLabelValues(provider, "failed").Inc()
-	clearCookie(w, stateCookie)
 	e.oauthPage(w, status, mux.CodeOAuthFailed, "Sign-in failed", host, "", why+". Open "+host+" again to start over.", "")
 }
 
@@ -669,9 +682,36 @@ func cookieValue(r *http.Request, name string) string {
 	return ""
 }
 
-// dropCookies removes the named cookies from h's Cookie fields, leaving
-// the others' bytes as they came.
-func dropCookies(h http.Header, names ...string) {
+// stateName is the name of the state cookie of the sign-in with nonce.
+func stateName(nonce string) string { return statePrefix + "-" + nonce }
+
+// stateCookies are the state cookies r carries: the sign-ins its browser
+// has under way on this host.
+func stateCookies(r *http.Request) []*http.Cookie {
+	var out []*http.Cookie
+	for _, c := range r.Cookies() {
+		if strings.HasPrefix(c.Name, statePrefix+"-") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// unixValue is c's value as Unix seconds; 0 if it is not a number.
+func unixValue(c *http.Cookie) int64 {
+	n, _ := strconv.ParseInt(c.Value, 10, 64)
+	return n
+}
+
+// edgeCookie reports whether a cookie called name is the edge's own: a
+// session, or a state of any sign-in (or of the single one before).
+func edgeCookie(name string) bool {
+	return name == sessionCookie || strings.HasPrefix(name, statePrefix)
+}
+
+// dropCookies removes the cookies whose names drop reports from h's
+// Cookie fields, leaving the others' bytes as they came.
+func dropCookies(h http.Header, drop func(name string) bool) {
 	vals := h["Cookie"]
 	if len(vals) == 0 {
 		return
@@ -681,7 +721,7 @@ func dropCookies(h http.Header, names ...string) {
 		var kept []string
 		for part := range strings.SplitSeq(v, ";") {
 			name, _, _ := strings.Cut(strings.TrimSpace(part), "=")
-			if !slices.Contains(names, strings.TrimSpace(name)) {
+			if !drop(strings.TrimSpace(name)) {
 				kept = append(kept, strings.TrimSpace(part))
 			}
 		}

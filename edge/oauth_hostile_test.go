@@ -417,7 +417,7 @@ func TestOAuthHostileCallbackHost(t *testing.T) {
 			t.Errorf("%s as the state: %d %q, want 400 oauth_failed", what, a.status, a.code)
 		}
 	}
-	stateCookie := "__Host-ngstone-state=" + jarCookie(t, v, oauthURL(e, "app", "/"), "__Host-ngstone-state")
+	stateCookie := jarState(t, v, oauthURL(e, "app", "/"))
 	for what, h := range map[string]string{"a session": session, "a state": state} {
 		a, _ := do(t, c, "GET", oauthURL(e, "app", "/.ngstone/oauth/callback?code="+url.QueryEscape(h)), nil, "Cookie", stateCookie)
 		if a.status != 400 || a.code != mux.CodeOAuthFailed {
@@ -446,16 +446,74 @@ func stepStart(t *testing.T, m *mockoidc.MockOIDC, e *tunneltest.Edge, c *http.C
 	return a
 }
 
-func jarCookie(t *testing.T, c *http.Client, u, name string) string {
+// jarState is the sign-in state cookies c's jar holds for u, as the
+// Cookie field a browser sends.
+func jarState(t *testing.T, c *http.Client, u string) string {
 	t.Helper()
 	pu, _ := url.Parse(u)
+	var found []string
 	for _, k := range c.Jar.Cookies(pu) {
-		if k.Name == name {
-			return k.Value
+		if strings.HasPrefix(k.Name, "__Host-ngstone-state-") {
+			found = append(found, k.Name+"="+k.Value)
 		}
 	}
-	t.Fatalf("no cookie %s for %s", name, u)
-	return ""
+	if len(found) == 0 {
+		t.Fatalf("no state cookie for %s", u)
+	}
+	return strings.Join(found, "; ")
+}
+
+// TestOAuthSignInsAtOnce: sign-ins begun at once in one browser (tabs
+// restored together) each finish, in any order. Past four, those begun
+// first give way: a browser holds at most four state cookies of a host,
+// and none reaches the local service.
+func TestOAuthSignInsAtOnce(t *testing.T) {
+	m, e, hits := oauthApp(t, "app", nil)
+	c := visitor(t, e, false)
+	const tabs, kept = 6, 4
+	states := func() int {
+		pu, _ := url.Parse(oauthURL(e, "app", "/"))
+		n := 0
+		for _, k := range c.Jar.Cookies(pu) {
+			if strings.HasPrefix(k.Name, "__Host-ngstone-state-") {
+				n++
+			}
+		}
+		return n
+	}
+	var starts []oauthAnswer
+	for i := range tabs {
+		a := oauthDo(t, c, "GET", oauthURL(e, "app", fmt.Sprintf("/tab%d", i)))
+		if !toProvider(m, a) {
+			t.Fatalf("tab %d: %d %q", i, a.status, a.location)
+		}
+		starts = append(starts, a)
+	}
+	if n := states(); n != kept {
+		t.Fatalf("%d sign-ins begun: the browser holds %d state cookies, want %d", tabs, n, kept)
+	}
+	for _, i := range []int{2, 5, 3, 4, 0, 1} {
+		m.QueueUser(alice())
+		back := oauthDo(t, c, "GET", starts[i].location)
+		handoff := oauthDo(t, c, "GET", back.location)
+		if handoff.status != http.StatusFound {
+			t.Fatalf("tab %d's callback: %d %q", i, handoff.status, handoff.body)
+		}
+		a := oauthDo(t, c, "GET", handoff.location)
+		switch {
+		case i >= tabs-kept && (a.status != http.StatusSeeOther || a.location != fmt.Sprintf("/tab%d", i)):
+			t.Errorf("tab %d, among the last %d begun: %d %q %q, want 303 to /tab%d", i, kept, a.status, a.location, a.body, i)
+		case i < tabs-kept && (a.status != 400 || a.code != mux.CodeOAuthFailed):
+			t.Errorf("tab %d, begun before the last %d: %d %q, want 400 oauth_failed", i, kept, a.status, a.code)
+		}
+	}
+	if n := states(); n != 0 {
+		t.Errorf("%d state cookies left once every sign-in kept finished", n)
+	}
+	a := oauthDo(t, c, "GET", oauthURL(e, "app", "/after"), "Cookie", "__Host-ngstone-state-forged=1; mine=kept")
+	if a.status != 200 || !strings.Contains(a.body, "mine=kept") || strings.Contains(a.body, "ngstone-") || hits.Load() != 1 {
+		t.Errorf("signed in, with a state cookie: %d %q (%d requests reached the service), want 200 and only the visitor's cookie", a.status, a.body, hits.Load())
+	}
 }
 
 // TestOAuthHostileHandoffElsewhere: a handoff taken, with its browser's
@@ -490,13 +548,13 @@ func TestOAuthHostileHandoffElsewhere(t *testing.T) {
 		pu, _ := url.Parse(handoff.location)
 		to, _ := url.Parse(r.to)
 		pu.Host = to.Host
-		st := jarCookie(t, eve, r.from, "__Host-ngstone-state")
-		a, _ := do(t, bareClient(t, e, false), "GET", pu.String(), nil, "Cookie", "__Host-ngstone-state="+st)
+		st := jarState(t, eve, r.from)
+		a, _ := do(t, bareClient(t, e, false), "GET", pu.String(), nil, "Cookie", st)
 		if a.status != 400 || a.code != mux.CodeOAuthFailed || len(a.header.Values("Set-Cookie")) > 1 {
 			t.Fatalf("%s's handoff on %s: %d %q %q, want 400 oauth_failed", r.from, r.to, a.status, a.code, a.header.Values("Set-Cookie"))
 		}
 		// On its own host, with the same forged cookie, it is good.
-		a, _ = do(t, bareClient(t, e, false), "GET", handoff.location, nil, "Cookie", "__Host-ngstone-state="+st)
+		a, _ = do(t, bareClient(t, e, false), "GET", handoff.location, nil, "Cookie", st)
 		if a.status != http.StatusSeeOther {
 			t.Fatalf("%s's handoff on its host: %d %q", r.from, a.status, a.body)
 		}
@@ -550,8 +608,8 @@ func TestOAuthHostileConcurrentReplay(t *testing.T) {
 	// The winner's handoff is not known here: sign in again step by step.
 	f := stepSignIn(t, m, e, eve, "app", "/", alice())
 	handoff := f.handoff.location
-	st := jarCookie(t, eve, oauthURL(e, "app", "/"), "__Host-ngstone-state")
-	if got := race(handoff, "Cookie", "__Host-ngstone-state="+st); got[http.StatusSeeOther] != 1 || got[400] != 7 {
+	st := jarState(t, eve, oauthURL(e, "app", "/"))
+	if got := race(handoff, "Cookie", st); got[http.StatusSeeOther] != 1 || got[400] != 7 {
 		t.Fatalf("the handoff 8 times at once: %v, want one 303 and seven 400", got)
 	}
 }

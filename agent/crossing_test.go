@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,7 +55,7 @@ func newPipeAgent(t testing.TB) *pipeAgent {
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		a.serveStreams(p, &p.held)
+		a.serveStreams(p, &p.held, new(atomic.Int64))
 	}()
 	t.Cleanup(func() {
 		close(p.done)

@@ -70,7 +70,7 @@ func relayAgentWith(t *testing.T, local string, cfg Config, log *slog.Logger, se
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
-		a.serveStreams(ln, r.held)
+		a.serveStreams(ln, r.held, new(atomic.Int64))
 	}()
 	t.Cleanup(func() {
 		ln.Close()

@@ -166,3 +166,41 @@ func TestUnusedStreamHoldsNoDrain(t *testing.T) {
 		t.Fatal("the session of a taken-over tunnel is still open 5 s on: an unused stream holds up its drain")
 	}
 }
+
+// TestRequestAheadOfEvictionAnswered: a request the edge sends on a new
+// stream right before its notice that the tunnel was taken over is
+// answered, accepted by the agent's server before or after the notice is
+// read: the drain waits for every stream the edge opened to be accepted.
+func TestRequestAheadOfEvictionAnswered(t *testing.T) {
+	b := tunneltest.StartBackend(t)
+	const rounds = 40
+	failed := 0
+	for i := range rounds {
+		e := startPlayedEdge(t, b.Addr())
+		st, err := e.ys.OpenStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		st.SetDeadline(time.Now().Add(20 * time.Second))
+		io.WriteString(st, "GET /hello HTTP/1.1\r\nHost: app.example.net\r\n\r\n")
+		mux.Write(e.ctrl, &mux.Evicted{Hostname: "app.example.net", Reason: mux.ReasonTakeover})
+		resp, err := http.ReadResponse(bufio.NewReader(st), nil)
+		if err == nil {
+			var body []byte
+			body, err = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err == nil && (resp.StatusCode != http.StatusOK || string(body) != "hello") {
+				err = fmt.Errorf("%d %q", resp.StatusCode, body)
+			}
+		}
+		if err != nil {
+			failed++
+			t.Logf("round %d: %v", i, err)
+		}
+		st.Close()
+		e.ys.Close()
+	}
+	if failed > 0 {
+		t.Fatalf("%d of %d requests sent right before the eviction went unanswered", failed, rounds)
+	}
+}

@@ -53,6 +53,7 @@ type conn struct {
 	readerDone chan struct{} // closed when readControl returns
 	unbound    chan string   // the hostnames the edge confirms unbound
 	streams    mux.Tracker   // exchanges in flight, for the drain
+	accepted   atomic.Int64  // streams the server accepted and has not closed
 }
 
 // runSession dials, binds and serves one session. healthy reports whether it
@@ -809,18 +810,46 @@ func (a *Agent) abandon(c *conn) {
 // drain waits until the session's exchanges are done or DrainTimeout has
 // passed, then closes the session. The session keeps accepting streams until
 // then, so a request the edge routes here before it learns of a takeover is
-// still answered.
+// still answered: a stream the edge opened before its notice may still wait
+// for the server's accept when the notice is read, and the drain waits up to
+// newStreamGrace for it, as it counts only from the accept.
 func (c *conn) drain() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.a.cfg.DrainTimeout)
 	defer cancel()
-	c.streams.Wait(ctx, c.ys.CloseChan())
+	lag := time.NewTimer(newStreamGrace)
+	defer lag.Stop()
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		c.streams.Wait(ctx, c.ys.CloseChan())
+		if ctx.Err() != nil || c.ys.IsClosed() {
+			break
+		}
+		// Every stream open but the control stream is one the server
+		// accepted (counted after the drain's count), or one it is about to
+		// (or one closed here whose close the edge has yet to answer: the
+		// wait is bounded).
+		if int64(c.ys.NumStreams()) <= c.accepted.Load()+1 {
+			if c.streams.Count() == 0 {
+				break
+			}
+			continue // one accepted since the wait holds the drain
+		}
+		select {
+		case <-tick.C:
+		case <-lag.C:
+			waiting = false
+		}
+	}
 	c.ys.Close() // ends serveStreams; a running exchange ends at its next stream read or write, or its watcher
 }
 
 // serveStreams relays the exchanges of each stream the edge opens until
 // the session closes. An exchange holds up the drain from its request to
 // its end; an idle stream or an upgraded one does not.
-func (c *conn) serveStreams() { c.a.serveStreams(sessionListener{c.ys}, &c.streams) }
+func (c *conn) serveStreams() {
+	c.a.serveStreams(sessionListener{c.ys}, &c.streams, &c.accepted)
+}
 
 // sessionListener accepts the edge's streams; the session's owner closes it.
 type sessionListener struct{ ys *yamux.Session }

@@ -50,11 +50,11 @@ func (a *Agent) newStreamServer() *http.Server {
 type streamKey struct{}
 
 // serveStreams serves the streams ln accepts until it fails; held counts
-// those that hold up a drain. Every stream's goroutine is counted in the
-// agent's WaitGroup until it ends.
-func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker) {
+// those that hold up a drain, open those accepted and not closed. Every
+// stream's goroutine is counted in the agent's WaitGroup until it ends.
+func (a *Agent) serveStreams(ln net.Listener, held *mux.Tracker, open *atomic.Int64) {
 	srv := a.newStreamServer()
-	srv.Serve(&streamListener{Listener: ln, a: a, held: held})
+	srv.Serve(&streamListener{Listener: ln, a: a, held: held, open: open})
 	srv.Close() // the session is over: so are its streams
 }
 
@@ -64,6 +64,7 @@ type streamListener struct {
 	net.Listener
 	a    *Agent
 	held *mux.Tracker
+	open *atomic.Int64
 
 	addrs         sync.Once
 	local, remote net.Addr // the session's, formatted once
@@ -76,8 +77,9 @@ func (l *streamListener) Accept() (net.Conn, error) {
 	}
 	l.a.wg.Add(1) // while serveStreams holds one: never from zero
 	l.held.Add()
+	l.open.Add(1) // after held: a drain that sees it open sees it held
 	l.addrs.Do(func() { l.local, l.remote = fixAddr(c.LocalAddr()), fixAddr(c.RemoteAddr()) })
-	sc := &streamConn{Conn: c, a: l.a, held: l.held, holding: true, local: l.local, remote: l.remote}
+	sc := &streamConn{Conn: c, a: l.a, held: l.held, open: l.open, holding: true, local: l.local, remote: l.remote}
 	sc.waiting.Store(true)
 	time.AfterFunc(newStreamGrace, sc.unused)
 	return sc, nil
@@ -119,6 +121,8 @@ type streamConn struct {
 	net.Conn
 	a             *Agent
 	held          *mux.Tracker
+	open          *atomic.Int64 // the session's streams accepted and not closed
+	closed        atomic.Bool
 	local, remote net.Addr
 	written       atomic.Int64 // bytes written to the edge
 	// waiting: new or idle, so that its next byte starts an exchange,
@@ -147,6 +151,14 @@ func (c *streamConn) Read(p []byte) (int, error) {
 		c.mu.Unlock()
 	}
 	return n, err
+}
+
+// Close takes the stream from the session's open ones, once.
+func (c *streamConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 func (c *streamConn) LocalAddr() net.Addr  { return c.local }

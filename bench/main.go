@@ -10,6 +10,7 @@
 //	go run ./bench -self -window 262144 -profile /tmp/prof -phases get
 //	go run ./bench -frp /tmp/frp -floor  # also frp, and two bare TCP relays
 //	go run ./bench -muxfloor             # also two relays over ngstone's TLS+yamux link
+//	go run ./bench -httpfloor -muxfloor  # also net/http on both ends of that link, and nothing else
 //	go run ./bench -wan -frp /tmp/frp    # over emulated WAN links (root), frp beside
 //	go run ./bench -wan -windows 1M,4M -wanphases xfer,behind  # stream windows against each other
 //	go run ./bench -wrk wrk -phases get  # plain HTTP small GETs sent by wrk
@@ -52,6 +53,7 @@ type options struct {
 	frp        string
 	floor      bool
 	muxFloor   bool
+	httpFloor  bool
 	contention bool
 	cpuKinds   bool
 	wrk        string // wrk's binary for the plain HTTP small GETs; empty: the Go visitors
@@ -122,11 +124,12 @@ func parseFlags() options {
 	flag.StringVar(&o.bin, "ngstone", "", "ngstone binary to run (default: build ./cmd/ngstone into a temporary directory); with -wan, several separated by commas are measured side by side")
 	flag.BoolVar(&o.self, "self", false, "run the edge and agent from this binary (same packages), which allows -window and -profile")
 	flag.UintVar(&o.window, "window", 0, "yamux stream window in bytes for -self (0: the mux default)")
-	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory")
+	flag.StringVar(&o.profile, "profile", "", "with -self: write CPU profiles of the edge and agent into this directory (and of the HTTP floor's sides, with -httpfloor)")
 	flag.StringVar(&phases, "phases", "get,xfer,reset,outage,idle", "phases to run (and grpc: unary gRPC calls through an http2 tunnel; tcp: a TCP tunnel's transfers and connection setup)")
 	flag.BoolVar(&o.keepTemp, "keep", false, "keep the temporary directory (child logs)")
 	flag.StringVar(&o.frp, "frp", "", "also measure frp: a directory holding frps and frpc binaries (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.floor, "floor", false, "also measure the floor: two plain TCP relay processes in front of the backend (GET and transfer phases)")
+	flag.BoolVar(&o.httpFloor, "httpfloor", false, "also measure the HTTP floor: the mux floor's link with net/http's server, reverse proxy and transport on each side, as ngstone's request path has them, and nothing else (GET and transfer phases, HTTP)")
 	flag.BoolVar(&o.muxFloor, "muxfloor", false, "also measure the mux floor: two relay processes with ngstone's TLS and yamux link between them, a stream per visitor connection, no HTTP (GET and transfer phases)")
 	flag.BoolVar(&o.wan, "wan", false, "run the WAN bench instead: edge and agent in two network namespaces joined by an emulated link (root)")
 	profiles := flag.String("profiles", profileNames(), "WAN: the links to measure over")

@@ -31,9 +31,10 @@ import (
 // muxDomain names the mux floor's self-signed certificate.
 const muxDomain = "muxfloor.bench.test"
 
-// runMuxEdge serves visitors on listen through the latest agent session
-// accepted on tunnel, until ctx ends.
-func runMuxEdge(ctx context.Context, listen, tunnel, dataDir string) error {
+// runFloorEdge runs serve, a floor's edge side (muxEdge, httpEdge), with
+// visitors accepted on listen and agents on tunnel, under TLS with a
+// self-signed certificate kept in dataDir, until ctx ends.
+func runFloorEdge(ctx context.Context, listen, tunnel, dataDir string, serve func(ctx context.Context, vl, tl net.Listener) error) error {
 	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: dataDir}, nil, nil)
 	if err != nil {
 		return err
@@ -51,16 +52,47 @@ func runMuxEdge(ctx context.Context, listen, tunnel, dataDir string) error {
 		vl.Close()
 		return err
 	}
-	return muxEdge(ctx, vl, tls.NewListener(mux.BatchedListener(tl), m.TLSConfig()))
+	return serve(ctx, vl, tls.NewListener(mux.BatchedListener(tl), m.TLSConfig()))
 }
 
 // muxEdge serves visitors accepted on vl through the latest session accepted
 // on tl, until ctx ends; then it returns ctx's error once every connection
 // has ended.
 func muxEdge(ctx context.Context, vl, tl net.Listener) error {
-	yc, err := mux.DefaultConfig().Yamux(nil)
+	var conns sync.WaitGroup
+	defer conns.Wait()
+	cur, err := acceptSessions(ctx, tl, vl, &conns)
 	if err != nil {
 		return err
+	}
+	for {
+		c, err := vl.Accept()
+		if err != nil {
+			return ctx.Err()
+		}
+		conns.Go(func() {
+			defer c.Close()
+			s := cur.Load()
+			if s == nil {
+				return
+			}
+			st, err := s.OpenStream()
+			if err != nil {
+				return
+			}
+			splice(c.(*net.TCPConn), st)
+		})
+	}
+}
+
+// acceptSessions serves a yamux session on each agent connection accepted
+// on tl (in a goroutine counted in conns) and keeps the latest in the
+// pointer it returns, closing the one before. When ctx ends it closes vl,
+// tl and every session.
+func acceptSessions(ctx context.Context, tl, vl net.Listener, conns *sync.WaitGroup) (*atomic.Pointer[yamux.Session], error) {
+	yc, err := mux.DefaultConfig().Yamux(nil)
+	if err != nil {
+		return nil, err
 	}
 	var cur atomic.Pointer[yamux.Session]
 	var sessions []*yamux.Session
@@ -74,8 +106,6 @@ func muxEdge(ctx context.Context, vl, tl net.Listener) error {
 			s.Close()
 		}
 	})
-	var conns sync.WaitGroup
-	defer conns.Wait()
 	conns.Go(func() {
 		for {
 			c, err := tl.Accept()
@@ -112,29 +142,13 @@ func muxEdge(ctx context.Context, vl, tl net.Listener) error {
 			}
 		}
 	})
-	for {
-		c, err := vl.Accept()
-		if err != nil {
-			return ctx.Err()
-		}
-		conns.Go(func() {
-			defer c.Close()
-			s := cur.Load()
-			if s == nil {
-				return
-			}
-			st, err := s.OpenStream()
-			if err != nil {
-				return
-			}
-			splice(c.(*net.TCPConn), st)
-		})
-	}
+	return &cur, nil
 }
 
-// runMuxAgent dials the mux edge's tunnel listener at edge and serves its
-// streams by dialing to, until ctx ends.
-func runMuxAgent(ctx context.Context, edge, to string) error {
+// runFloorAgent dials a floor edge's tunnel listener at edge and runs
+// serve, the floor's agent side (muxAgent, httpAgent), over the
+// connection with next hop to, until ctx ends.
+func runFloorAgent(ctx context.Context, edge, to string, serve func(ctx context.Context, c net.Conn, to string) error) error {
 	raw, err := net.Dial("tcp", edge)
 	if err != nil {
 		return err
@@ -142,7 +156,7 @@ func runMuxAgent(ctx context.Context, edge, to string) error {
 	// The floor measures cost, not trust: the certificate is the mux edge's
 	// own self-signed one, made a moment ago.
 	c := tls.Client(mux.Batched(raw), &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
-	return muxAgent(ctx, c, to)
+	return serve(ctx, c, to)
 }
 
 // muxAgent runs a yamux client session over c and relays each stream the

@@ -93,6 +93,13 @@ func (b *bench) startPeers() error {
 		}
 		b.peers = append(b.peers, p)
 	}
+	if b.o.httpFloor && slices.Contains(b.o.schemes, "http") {
+		p, err := b.startHTTPFloor()
+		if err != nil {
+			return err
+		}
+		b.peers = append(b.peers, p)
+	}
 	return nil
 }
 

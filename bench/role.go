@@ -23,10 +23,12 @@ import (
 // roleEnv names the environment variable under which the bench binary runs
 // as a child edge or agent (with -self): the same packages the ngstone
 // binary runs, plus a CPU profile and a yamux stream window of choice; and
-// as a relay of the floor (-floor) and a side of the mux floor (-muxfloor).
+// as a relay of the floor (-floor) and a side of the mux floor (-muxfloor)
+// or of the HTTP floor (-httpfloor).
 const roleEnv = "NGSTONE_BENCH_ROLE"
 
-// runRole runs the edge, the agent, a floor relay or a mux floor side until SIGTERM; it returns the exit code.
+// runRole runs the edge, the agent, a floor relay or a side of the mux or
+// HTTP floor until SIGTERM; it returns the exit code.
 func runRole(role string, args []string) int {
 	fs := flag.NewFlagSet(role, flag.ExitOnError)
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
@@ -103,9 +105,13 @@ func runRole(role string, args []string) int {
 	case "relay":
 		err = runRelay(ctx, *listen, *to)
 	case "muxedge":
-		err = runMuxEdge(ctx, *listen, *tunnel, *dataDir)
+		err = runFloorEdge(ctx, *listen, *tunnel, *dataDir, muxEdge)
 	case "muxagent":
-		err = runMuxAgent(ctx, *edgeAddr, *to)
+		err = runFloorAgent(ctx, *edgeAddr, *to, muxAgent)
+	case "httpedge":
+		err = runFloorEdge(ctx, *listen, *tunnel, *dataDir, httpEdge)
+	case "httpagent":
+		err = runFloorAgent(ctx, *edgeAddr, *to, httpAgent)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}

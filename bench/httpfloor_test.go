@@ -1,0 +1,92 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ngstone/ngstone/certs"
+)
+
+// TestHTTPFloor: the HTTP floor's two sides, over real TLS and yamux,
+// relay requests with their Host and body and the responses back, keep
+// the connection to the backend open from one request to the next, and
+// stop when their context ends.
+func TestHTTPFloor(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	be := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		b, _ := io.ReadAll(r.Body)
+		io.WriteString(w, r.Host+" "+string(b))
+	})}
+	bl := listen(t)
+	go be.Serve(bl)
+	defer be.Close()
+
+	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: t.TempDir()}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	vl, tl := listen(t), listen(t)
+	done := make(chan error, 2)
+	go func() { done <- httpEdge(ctx, vl, tls.NewListener(tl, m.TLSConfig())) }()
+	raw, err := net.Dial("tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tls.Client(raw, &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
+	go func() { done <- httpAgent(ctx, c, bl.Addr().String()) }()
+
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	post := func(body string) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+vl.Addr().String()+"/", strings.NewReader(body))
+		req.Host = "floor.test"
+		resp, err := client.Do(req)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	// Until the agent's session is there, the edge answers 502.
+	deadline := time.Now().Add(10 * time.Second)
+	for code, _ := post("x"); code != http.StatusOK; code, _ = post("x") {
+		if time.Now().After(deadline) {
+			t.Fatal("the HTTP floor did not answer 200 within 10s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	for i := range 20 {
+		body := strings.Repeat("b", i*1000)
+		if code, got := post(body); code != http.StatusOK || got != "floor.test "+body {
+			t.Fatalf("request %d: %d %.40q, want 200 and the Host and body back", i, code, got)
+		}
+	}
+	mu.Lock()
+	n := len(conns)
+	mu.Unlock()
+	if n != 1 {
+		t.Errorf("the backend saw %d connections for requests one after another, want 1", n)
+	}
+	tr.CloseIdleConnections()
+	cancel()
+	waitCanceled(t, done, 2)
+}

@@ -474,19 +474,28 @@ func (b *bench) transfers() error {
 func mibps(bytesPerSecond float64) string { return fmt.Sprintf("%.0f MiB/s", bytesPerSecond/(1<<20)) }
 
 // peakRSS reports the high-water mark of resident memory of both children
-// after the load phases.
+// after the load phases, and what is resident then split into anonymous
+// memory and file pages (most of them the binary's own, which the kernel
+// can drop and read again).
 func (b *bench) peakRSS() error {
 	for _, p := range []*proc{b.edge, b.agent} {
 		hwm := p.status("VmHWM")
-		b.add(row{name: "peak RSS of " + strings.Fields(p.name)[0] + " under load", tunnel: mib(hwm),
+		name := strings.Fields(p.name)[0]
+		b.add(row{name: "peak RSS of " + name + " under load", tunnel: mib(hwm),
 			target: "≤ 30 MiB", verdict: verdict(hwm <= 30<<20)})
+		b.add(row{name: "RSS of " + name + " after load, anonymous / file pages", tunnel: anonFile(p)})
 	}
 	for _, p := range b.peers {
 		for _, pr := range p.procs {
 			b.add(row{name: fmt.Sprintf("%s: peak RSS of %s under load", p.name, pr.name), tunnel: mib(pr.status("VmHWM"))})
+			b.add(row{name: fmt.Sprintf("%s: RSS of %s after load, anonymous / file pages", p.name, pr.name), tunnel: anonFile(pr)})
 		}
 	}
 	return nil
+}
+
+func anonFile(p *proc) string {
+	return mib(p.status("RssAnon")) + " / " + mib(p.status("RssFile"))
 }
 
 // resets measures the time from a reset of an agent's connection to the

@@ -85,11 +85,25 @@ func serveFloorProxy(ctx context.Context, ln net.Listener, target string, tr *ht
 		ln.Close()
 		return err
 	}
-	srv := &http.Server{Handler: &httputil.ReverseProxy{
+	rp := &httputil.ReverseProxy{
 		Rewrite:    func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.Out.Host = pr.In.Host },
 		Transport:  tr,
 		BufferPool: mux.BufferPool{}, // without one, each response allocates 32 KiB
-	}}
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// As ngstone's sides do: without it, the server closes the request
+		// body when the response starts, and a transport still reading it
+		// closes the backend's connection under the response (and cuts it).
+		rc := http.NewResponseController(w)
+		rc.EnableFullDuplex()
+		rp.ServeHTTP(w, r)
+		// A body left unread panics the server once the handler is gone
+		// (golang/go#68560): close it here, the response out, as the agent
+		// does.
+		if r.Body != http.NoBody && rc.Flush() == nil {
+			r.Body.Close()
+		}
+	})}
 	stop := context.AfterFunc(ctx, func() { srv.Close() })
 	defer stop()
 	err = srv.Serve(ln)

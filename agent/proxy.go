@@ -35,21 +35,7 @@ type exchange struct {
 	t      *tunnel      // the tunnel it came for; nil: none of the agent's
 	check  cleanCheck   // of the connection to the local service (HTTP/1.1)
 	trace  httptrace.ClientTrace
-	body   requestBody // the request's body, as the proxy reads it
-}
-
-// requestBody notes that its body was read to its end.
-type requestBody struct {
-	io.ReadCloser
-	eof atomic.Bool
-}
-
-func (b *requestBody) Read(p []byte) (int, error) {
-	n, err := b.ReadCloser.Read(p)
-	if err == io.EOF {
-		b.eof.Store(true)
-	}
-	return n, err
+	body   *mux.CountedBody // the request's body, as the proxy reads it; nil: none
 }
 
 // withExchange returns ctx with x and the trace of x's request to the local
@@ -116,8 +102,8 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 	x := &exchange{}
 	r = r.WithContext(a.withExchange(r.Context(), x))
 	if body != http.NoBody {
-		x.body.ReadCloser = body
-		r.Body = &x.body
+		x.body = &mux.CountedBody{ReadCloser: body, Size: r.ContentLength}
+		r.Body = x.body
 	}
 	a.begin(x, r, t)
 	sent := sc.written.Load()
@@ -163,7 +149,7 @@ func (a *Agent) serveExchange(w http.ResponseWriter, r *http.Request) {
 // one left whole in the buffer gets its Content-Length (a gRPC
 // Trailers-Only answer must end with its head).
 func endBody(w http.ResponseWriter, body io.ReadCloser, x *exchange) {
-	if body == http.NoBody || x.body.eof.Load() || x.status.Load() == 0 {
+	if x.body == nil || x.body.EOF() || x.status.Load() == 0 {
 		return
 	}
 	if err := http.NewResponseController(w).Flush(); err == nil {
@@ -240,6 +226,7 @@ func (w *exchangeWriter) WriteHeader(code int) {
 	}
 	if code >= 200 {
 		mux.KeepUntyped(w.Header())
+		mux.CloseIfUnread(w.Header(), w.x.body) // the stream ends with it (endBody)
 	}
 	if code < 200 && code != http.StatusSwitchingProtocols && w.x.n1xx.Load() >= mux.Max1xx {
 		// The reverse proxy passes an informational response on before

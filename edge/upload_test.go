@@ -7,7 +7,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -146,5 +148,45 @@ func TestAgentStreamsRefused(t *testing.T) {
 	case <-raw.YS.CloseChan():
 	case <-time.After(10 * time.Second):
 		t.Fatal("the session of an agent opening streams towards the edge is still up")
+	}
+}
+
+// TestUnreadUploadsInTurn: a local service that answers uploads without
+// reading them (an early 401 or 413, a webhook that answers first) leaves
+// no connection behind that looks kept open but is not. A visitor sends
+// uploads one after another, over HTTP/1.1 and HTTPS, and each is
+// answered by the service. Larger than a server reads after its answer,
+// the agent's stream and the visitor's connection each end with a
+// response that says so, and the next request takes a fresh one; smaller,
+// the rest is read and the connection carries the next request.
+func TestUnreadUploadsInTurn(t *testing.T) {
+	local := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "answered unread")
+	}))
+	t.Cleanup(local.Close)
+	e := tunneltest.StartEdge(t, tunneltest.EdgeConfig(t))
+	ac := e.AgentConfig("", strings.TrimPrefix(local.URL, "http://"))
+	ac.Subdomain = "unread"
+	tunneltest.StartAgent(t, ac).WaitOnline(t)
+	for _, tc := range []struct {
+		scheme string
+		size   int
+	}{{"http", 512 << 10}, {"https", 512 << 10}, {"http", mux.KeptUnread / 2}, {"https", mux.KeptUnread / 2}} {
+		scheme, body := tc.scheme, make([]byte, tc.size)
+		c := e.Client()
+		c.Timeout = 10 * time.Second
+		http1Only(c)
+		for i := range 8 {
+			resp, err := c.Post(tunneltest.URL(scheme, "unread", "/"), "application/octet-stream", bytes.NewReader(body))
+			if err != nil {
+				t.Fatalf("%s upload %d of %d bytes: %v", scheme, i, len(body), err)
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || string(b) != "answered unread" {
+				t.Fatalf("%s upload %d of %d bytes: %d %q, want 200 from the local service", scheme, i, len(body), resp.StatusCode, b)
+			}
+		}
+		c.CloseIdleConnections()
 	}
 }

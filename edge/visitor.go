@@ -36,7 +36,14 @@ func (e *Edge) visitorTimeouts(w http.ResponseWriter, r *http.Request, read bool
 		vw.tls, _ = r.Context().Value(connKey{}).(*tls.Conn)
 	}
 	vw.extend()
-	if read && e.cfg.ReadTimeout > 0 && r.Body != nil && r.Body != http.NoBody {
+	if !read || r.Body == nil || r.Body == http.NoBody {
+		return vw, r, func() {}
+	}
+	if r.ProtoMajor == 1 {
+		vw.body = &mux.CountedBody{ReadCloser: r.Body, Size: r.ContentLength}
+		r.Body = vw.body
+	}
+	if e.cfg.ReadTimeout > 0 {
 		b := &visitorBody{ReadCloser: r.Body, rc: rc, timeout: e.cfg.ReadTimeout, m: e.metrics}
 		r.Body = b
 		return vw, r, b.handlerDone
@@ -55,7 +62,8 @@ type visitorWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController
 	timeout time.Duration
-	tls     *tls.Conn // HTTP/1.1 over TLS: the connection to cork
+	tls     *tls.Conn        // HTTP/1.1 over TLS: the connection to cork
+	body    *mux.CountedBody // an HTTP/1.1 request's body; nil: none
 	m       *metrics
 
 	started atomic.Bool // the final status is passed on
@@ -156,6 +164,7 @@ func (w *visitorWriter) start() {
 	}
 	w.extend()
 	mux.KeepUntyped(w.Header())
+	mux.CloseIfUnread(w.Header(), w.body)
 	w.ResponseWriter.WriteHeader(w.held)
 }
 

@@ -61,6 +61,10 @@ func StartBackend(t testing.TB) *Backend {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		io.Copy(w, r.Body)
 	})
+	mux.HandleFunc("/sink", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body) // all of it, before the answer
+		io.WriteString(w, strconv.FormatInt(n, 10))
+	})
 	mux.HandleFunc("/download", func(w http.ResponseWriter, r *http.Request) {
 		n, _ := strconv.ParseInt(r.URL.Query().Get("n"), 10, 64)
 		w.Header().Set("Content-Length", strconv.FormatInt(n, 10))

@@ -38,40 +38,50 @@ func TestRelayChain(t *testing.T) {
 // their context ends.
 func TestMuxFloor(t *testing.T) {
 	echo := echoServer(t)
-	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: t.TempDir()}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	visitors, cancel, done := startFloor(t, muxEdge, muxAgent, echo.addr)
 	defer cancel()
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	vl, tl := listen(t), listen(t)
-	done := make(chan error, 2)
-	go func() { done <- muxEdge(ctx, vl, tls.NewListener(tl, m.TLSConfig())) }()
-	raw, err := net.Dial("tcp", tl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := tls.Client(raw, &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
-	go func() { done <- muxAgent(ctx, c, echo.addr) }()
 
 	// A visitor that comes before the agent's session is closed at once;
 	// one byte echoed says the session is there.
 	deadline := time.Now().Add(10 * time.Second)
-	for !echoesOne(vl.Addr().String()) {
+	for !echoesOne(visitors) {
 		if time.Now().After(deadline) {
 			t.Fatal("the mux floor did not echo a byte within 10s")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 	echo.wait(t) // the probe's own connection to the echo server
-	roundTrip(t, vl.Addr().String(), 1<<20)
+	roundTrip(t, visitors, 1<<20)
 	echo.check(t)
 	cancel()
 	waitCanceled(t, done, 2)
+}
+
+// startFloor runs a floor's edge and agent sides over real TLS and yamux
+// on loopback, the agent's next hop to. It returns the visitors' address,
+// what ends both, and where each side's return is sent.
+func startFloor(t *testing.T, edge func(context.Context, net.Listener, net.Listener) error, agent func(context.Context, net.Conn, string) error, to string) (visitors string, cancel context.CancelFunc, done chan error) {
+	t.Helper()
+	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: t.TempDir()}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := m.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	vl, tl := listen(t), listen(t)
+	done = make(chan error, 2)
+	go func() { done <- edge(ctx, vl, tls.NewListener(tl, m.TLSConfig())) }()
+	raw, err := net.Dial("tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tls.Client(raw, &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
+	go func() { done <- agent(ctx, c, to) }()
+	return vl.Addr().String(), cancel, done
 }
 
 func echoesOne(addr string) bool {

@@ -12,8 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/ngstone/ngstone/mux"
 )
 
@@ -62,14 +60,8 @@ func httpEdge(ctx context.Context, vl, tl net.Listener) error {
 // other side opens with one http.Server relaying to the plain HTTP backend
 // at to, until ctx ends or the session does.
 func httpAgent(ctx context.Context, c net.Conn, to string) error {
-	yc, err := mux.DefaultConfig().Yamux(nil)
+	s, err := floorClient(c)
 	if err != nil {
-		c.Close()
-		return err
-	}
-	s, err := yamux.Client(mux.Coalesce(c), yc)
-	if err != nil {
-		c.Close()
 		return err
 	}
 	tr := &http.Transport{MaxIdleConns: floorIdle, MaxIdleConnsPerHost: floorIdle, DisableCompression: true}

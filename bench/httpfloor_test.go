@@ -1,17 +1,12 @@
 package main
 
 import (
-	"context"
-	"crypto/tls"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/ngstone/ngstone/certs"
 )
 
 // TestHTTPFloor: the HTTP floor's two sides, over real TLS and yamux,
@@ -32,31 +27,14 @@ func TestHTTPFloor(t *testing.T) {
 	go be.Serve(bl)
 	defer be.Close()
 
-	m, err := certs.New(certs.Config{Mode: certs.ModeSelfSigned, Domain: muxDomain, DataDir: t.TempDir()}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
+	visitors, cancel, done := startFloor(t, httpEdge, httpAgent, bl.Addr().String())
 	defer cancel()
-	if err := m.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	vl, tl := listen(t), listen(t)
-	done := make(chan error, 2)
-	go func() { done <- httpEdge(ctx, vl, tls.NewListener(tl, m.TLSConfig())) }()
-	raw, err := net.Dial("tcp", tl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := tls.Client(raw, &tls.Config{ServerName: muxDomain, InsecureSkipVerify: true})
-	go func() { done <- httpAgent(ctx, c, bl.Addr().String()) }()
 
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	post := func(body string) (int, string) {
-		req, _ := http.NewRequest("POST", "http://"+vl.Addr().String()+"/", strings.NewReader(body))
+		req, _ := http.NewRequest("POST", "http://"+visitors+"/", strings.NewReader(body))
 		req.Host = "floor.test"
 		resp, err := client.Do(req)
 		if err != nil {

@@ -163,14 +163,8 @@ func runFloorAgent(ctx context.Context, edge, to string, serve func(ctx context.
 // other side opens to a new connection to to, until ctx ends or the session
 // does; it returns once every stream has ended.
 func muxAgent(ctx context.Context, c net.Conn, to string) error {
-	yc, err := mux.DefaultConfig().Yamux(nil)
+	s, err := floorClient(c)
 	if err != nil {
-		c.Close()
-		return err
-	}
-	s, err := yamux.Client(mux.Coalesce(c), yc)
-	if err != nil {
-		c.Close()
 		return err
 	}
 	stop := context.AfterFunc(ctx, func() { s.Close() })
@@ -196,6 +190,23 @@ func muxAgent(ctx context.Context, c net.Conn, to string) error {
 			splice(u.(*net.TCPConn), st)
 		})
 	}
+}
+
+// floorClient runs the agent side's yamux session over c, as ngstone's
+// agent does (coalesced writes, the mux's defaults); c is closed if it
+// cannot.
+func floorClient(c net.Conn) (*yamux.Session, error) {
+	yc, err := mux.DefaultConfig().Yamux(nil)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	s, err := yamux.Client(mux.Coalesce(c), yc)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // splice copies both ways between a socket and a stream, passing each

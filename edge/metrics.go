@@ -419,6 +419,7 @@ func (m *metrics) instrument(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
 		if r.Body != nil && r.Body != http.NoBody {
+			r = r.WithContext(r.Context()) // the server's own keeps its *body (closedRequestBodyEarly)
 			r.Body = &countingBody{ReadCloser: r.Body, n: m.bytesIn}
 		}
 		cw := &countingWriter{ResponseWriter: w, m: m}

@@ -189,6 +189,7 @@ func (e *Edge) serveRoute(w http.ResponseWriter, r *http.Request, rt route, prox
 			}
 		}
 		if webhook != nil && !e.verifyWebhook(vw, r, rt, webhook) {
+			vw.start() // a bodiless refusal (gRPC's): its status goes now
 			return
 		}
 	}
